@@ -1,0 +1,44 @@
+"""lakebuffer: a columnar, tiered, persistent replay buffer for RL rollouts.
+
+One entry point: ``lakebuffer.ReplayBuffer``.
+"""
+
+from __future__ import annotations
+
+from . import samplers
+from .buffer import ReplayBuffer
+from .errors import (
+    BackpressureError,
+    ClosedError,
+    CorruptionError,
+    KeyNotFoundError,
+    LakeBufferError,
+    LakeError,
+    LockedError,
+    NotEnoughRowsError,
+    QueryError,
+    ReadOnlyError,
+    SchemaError,
+    WorkerError,
+)
+from .schema import ROLLOUT_SCHEMA
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ROLLOUT_SCHEMA",
+    "BackpressureError",
+    "ClosedError",
+    "CorruptionError",
+    "KeyNotFoundError",
+    "LakeBufferError",
+    "LakeError",
+    "LockedError",
+    "NotEnoughRowsError",
+    "QueryError",
+    "ReadOnlyError",
+    "ReplayBuffer",
+    "SchemaError",
+    "WorkerError",
+    "samplers",
+]

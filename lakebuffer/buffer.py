@@ -1,0 +1,639 @@
+"""``ReplayBuffer``: the facade that composes the tiers, the index, the catalog and the samplers.
+
+Data flows one way, push -> hot -> warm -> cold; reads see every tier. The buffer owns the
+ordering rules that make that safe: a batch is in the WAL and the index before ``push`` returns,
+in the warm tier before it leaves RAM, and the index, the warm version readers see and the hot
+tier change together under one lock, so no reader ever sees a row twice or not at all.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from . import samplers as _samplers
+from .catalog import Catalog, check_predicate
+from .errors import (
+    BackpressureError,
+    ClosedError,
+    KeyNotFoundError,
+    LockedError,
+    SchemaError,
+)
+from .hot import HotTier, table_bytes
+from .index import BatchInfo, KeyIndex
+from .schema import conform, merge_schema, metadata_columns, to_table
+from .tasks import P0, P1, TaskQueue
+from .wal import WriteAheadLog
+from .warm import WarmTier
+
+log = logging.getLogger("lakebuffer")
+
+_EVICT_HIGH = 0.75  # start write-back when resident hot bytes pass this share of the budget
+_EVICT_LOW = 0.5  # ... and write back until they are under this share
+_FRAGMENT_BYTES = 64 << 20  # small evicted batches are coalesced into fragments of about this size
+_DURABILITY = ("wal", "memory")
+
+
+def _now_us() -> np.datetime64:
+    return np.datetime64(time.time_ns() // 1000, "us")
+
+
+class ReplayBuffer:
+    """A tiered, persistent replay buffer of RL rollouts. Build one with ``ReplayBuffer.open``."""
+
+    # construction -------------------------------------------------------------------------
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike,
+        lake: str | None = None,
+        memory_limit_mb: float = 1024,
+        snapshot_interval_s: float = 180,
+        storage_options: dict | None = None,
+        schema: pa.Schema | None = None,
+        run_id: str | None = None,
+        *,
+        durability: str = "wal",
+        sync: bool = False,
+        push_timeout_s: float = 60.0,
+        key_prefix: str | None = None,
+        duckdb_threads: int | None = None,
+    ) -> ReplayBuffer:
+        """Open (creating or recovering) the buffer stored in directory ``path``."""
+        return cls(
+            Path(path),
+            lake=lake,
+            memory_limit_mb=memory_limit_mb,
+            snapshot_interval_s=snapshot_interval_s,
+            storage_options=storage_options,
+            schema=schema,
+            run_id=run_id,
+            durability=durability,
+            sync=sync,
+            push_timeout_s=push_timeout_s,
+            key_prefix=key_prefix,
+            duckdb_threads=duckdb_threads,
+        )
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        lake: str | None,
+        memory_limit_mb: float,
+        snapshot_interval_s: float,
+        storage_options: dict | None,
+        schema: pa.Schema | None,
+        run_id: str | None,
+        durability: str,
+        sync: bool,
+        push_timeout_s: float,
+        key_prefix: str | None,
+        duckdb_threads: int | None,
+    ) -> None:
+        if durability not in _DURABILITY:
+            raise ValueError(f"durability must be one of {_DURABILITY}, not {durability!r}")
+        if memory_limit_mb <= 0:
+            raise ValueError("memory_limit_mb must be positive")
+        self.path = path
+        path.mkdir(parents=True, exist_ok=True)
+        self._lockfile = self._acquire_dir_lock(path)
+        self._closed = False
+        try:
+            self._open_parts(
+                lake=lake,
+                memory_limit_mb=memory_limit_mb,
+                snapshot_interval_s=snapshot_interval_s,
+                storage_options=storage_options,
+                schema=schema,
+                run_id=run_id,
+                durability=durability,
+                sync=sync,
+                push_timeout_s=push_timeout_s,
+                key_prefix=key_prefix,
+                duckdb_threads=duckdb_threads,
+            )
+        except BaseException:
+            self._release_dir_lock()
+            raise
+
+    @staticmethod
+    def _acquire_dir_lock(path: Path):
+        f = open(path / "LOCK", "a+")
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            raise LockedError(f"{path} is open in another process (one writer per buffer directory)") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        return f
+
+    def _release_dir_lock(self) -> None:
+        if self._lockfile is not None:
+            fcntl.flock(self._lockfile.fileno(), fcntl.LOCK_UN)
+            self._lockfile.close()
+            self._lockfile = None
+
+    def _open_parts(self, *, lake, memory_limit_mb, snapshot_interval_s, storage_options, schema, run_id,
+                    durability, sync, push_timeout_s, key_prefix, duckdb_threads) -> None:
+        self.index = KeyIndex(self.path / "index")
+        stored_run = self.index.get_setting("run_id")
+        self.run_id = run_id or (stored_run.decode() if stored_run else self.path.resolve().name)
+        if stored_run is None:
+            self.index.put_setting("run_id", self.run_id.encode())
+        elif run_id and run_id != stored_run.decode():
+            raise ValueError(f"{self.path} holds run {stored_run.decode()!r}, not {run_id!r}")
+        self.schema = self._resolve_schema(schema)
+        self.key_prefix = key_prefix or self.run_id
+        self.durability = durability
+        self.push_timeout_s = push_timeout_s
+        self.memory_limit_bytes = int(memory_limit_mb * 2**20)
+        self.snapshot_interval_s = snapshot_interval_s
+        self.storage_options = storage_options
+        self.lake_url = lake
+        self.meta_columns = metadata_columns(self.schema)
+        self._lock = threading.RLock()
+        self._space = threading.Condition(self._lock)
+        self._reserved = 0
+        self._evictions_paused = 0
+        self.hot = HotTier(self.memory_limit_bytes)
+        self.warm = WarmTier(self.path / "warm" / "rollouts.lance", self.schema)
+        self.wal = WriteAheadLog(self.path / "wal", sync=sync)
+        self._catalog = Catalog(self.schema, self.meta_columns, threads=duckdb_threads)
+        self._catalog.set_syncer(self._sync_catalog)
+        self._synced = (-1, -1)
+        self.tasks = TaskQueue(workers=1)
+        self._batches: dict[int, BatchInfo] = {}
+        self._recover()
+
+    def _resolve_schema(self, user: pa.Schema | None) -> pa.Schema:
+        stored = self.index.get_setting("schema")
+        wanted = merge_schema(user)
+        if stored is None:
+            self.index.put_setting("schema", wanted.serialize().to_pybytes())
+            return wanted
+        have = pa.ipc.read_schema(pa.py_buffer(stored))
+        if user is not None and not have.equals(wanted, check_metadata=False):
+            raise SchemaError(f"{self.path} was created with schema\n{have}\nwhich differs from the one given")
+        return have
+
+    # recovery -----------------------------------------------------------------------------
+    def _recover(self) -> None:
+        """Bring index, WAL and warm tier into agreement, then load the metadata catalog."""
+        batches = self.index.batches()
+        referenced = {b.fragment for b in batches.values() if b.tier == "warm"}
+        orphans = [f for f in self.warm.fragment_ids() if f not in referenced]
+        if orphans:
+            log.warning("dropping %d warm fragment(s) no index entry refers to: %s", len(orphans), orphans)
+            self.warm.drop_fragments(orphans)
+        wal_ids = set(self.wal.ids())
+        for bid, info in sorted(batches.items()):
+            if info.tier == "warm":
+                self._batches[bid] = info
+                continue
+            if bid in wal_ids:
+                self.hot.add(bid, self.wal.read(bid))
+                self._batches[bid] = info
+            else:
+                meta = self.index.batch_meta(bid)
+                keys = meta.column("key").to_pylist() if meta is not None else []
+                log.warning("batch %d (%d rows) was only in RAM (durability='memory') and is lost", bid, len(keys))
+                self.index.drop_batch(bid, keys)
+        for stale in wal_ids - set(self._batches):
+            self.wal.remove(stale)  # a push that crashed before it was acknowledged
+        metas = []
+        for bid, meta in self.index.all_meta():
+            if bid in self._batches:
+                metas.append(meta.append_column("_batch", pa.array(np.full(meta.num_rows, bid, dtype=np.int64))))
+        if metas:
+            self._catalog.insert_meta(pa.concat_tables(metas).select(self._catalog.meta_schema.names))
+        counts = self.index.sample_counts()
+        if counts:
+            self._catalog.add_sample_counts(pa.table({"key": list(counts), "n": list(counts.values())}))
+        while self.hot.nbytes > self.memory_limit_bytes * _EVICT_LOW:
+            victims = self.hot.choose_victims(int(self.memory_limit_bytes * _EVICT_LOW))
+            if not victims:
+                break
+            self._write_back([v.batch_id for v in victims])
+
+    # helpers ------------------------------------------------------------------------------
+    def _check(self) -> None:
+        if self._closed:
+            raise ClosedError("this ReplayBuffer is closed; open it again with ReplayBuffer.open")
+        self.tasks.check()
+
+    def _meta_of(self, batch_id: int, table: pa.Table) -> pa.Table:
+        meta = table.select(self.meta_columns)
+        return meta.append_column("_batch", pa.array(np.full(table.num_rows, batch_id, dtype=np.int64)))
+
+    def _sync_catalog(self) -> None:
+        with self._lock:
+            ds = self.warm.dataset
+            state = (self.hot.version, ds.version if ds is not None else -1)
+            if state != self._synced:
+                self._catalog.register_tiers(self.hot.tables(), ds)
+                self._synced = state
+
+    def _generate_keys(self, n: int) -> pa.Array:
+        seq = self.index.reserve_keys(n)
+        nums = pc.cast(pa.array(np.arange(seq, seq + n, dtype=np.int64)), pa.string())
+        return pc.binary_join_element_wise(self.key_prefix, pc.utf8_lpad(nums, 10, "0"), "-")
+
+    def _conform(self, data: Any) -> pa.Table:
+        table = to_table(data)
+        n = table.num_rows
+        if "key" in table.column_names and table.column("key").null_count < n:
+            given = table.column("key")
+            missing = given.null_count
+            keys = self._generate_keys(n) if missing else None
+            table = conform(table, self.schema, run_id=self.run_id, now=_now_us(), keys=keys)
+            user_keys = pc.drop_null(given).cast(pa.string())
+            if pc.count_distinct(table.column("key")).as_py() != n:
+                raise SchemaError("column 'key' has duplicate values within the batch")
+            _, _, found = self.index.lookup(user_keys.to_pylist())
+            if found.any():
+                dup = user_keys[int(np.flatnonzero(found)[0])].as_py()
+                raise SchemaError(f"column 'key': key {dup!r} is already stored (keys are unique)")
+            return table
+        return conform(table, self.schema, run_id=self.run_id, now=_now_us(), keys=self._generate_keys(n))
+
+    # push ---------------------------------------------------------------------------------
+    def push(self, batch: Any) -> pa.Array:
+        """Validate and store a batch of rollouts; returns their keys (a string array).
+
+        In ``durability="wal"`` mode the rows are on local disk when this returns. Raises
+        ``SchemaError`` (nothing stored) or ``BackpressureError`` (nothing stored).
+        """
+        self._check()
+        table = self._conform(batch)
+        if table.num_rows == 0:
+            return pa.array([], pa.string())
+        table = table.combine_chunks()
+        nbytes = table_bytes(table)
+        if nbytes > self.memory_limit_bytes * _EVICT_LOW:
+            self._push_direct(table)
+        else:
+            self._push_hot(table, nbytes)
+        return table.column("key").combine_chunks()
+
+    def _push_hot(self, table: pa.Table, nbytes: int) -> None:
+        deadline = time.monotonic() + self.push_timeout_s
+        with self._space:
+            while self.hot.nbytes + self._reserved + nbytes > self.memory_limit_bytes:
+                self._schedule_eviction(extra=nbytes)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise BackpressureError(
+                        f"hot tier full ({self.hot.nbytes} of {self.memory_limit_bytes} bytes) and write-back "
+                        f"did not free {nbytes} bytes within push_timeout_s={self.push_timeout_s}; batch not stored"
+                    )
+                self._space.wait(min(left, 0.5))
+                self.tasks.check()
+            self._reserved += nbytes
+        bid = self.index.reserve_batch()
+        try:
+            if self.durability == "wal":
+                self.wal.write(bid, table)
+            info = BatchInfo(batch_id=bid, tier="hot", rows=table.num_rows, nbytes=nbytes)
+            meta = self._meta_of(bid, table)
+            self.index.record_batch(info, table.column("key").to_pylist(), meta.drop_columns(["_batch"]))
+        except BaseException:
+            with self._space:
+                self._reserved -= nbytes
+                self._space.notify_all()
+            self.wal.remove(bid)
+            raise
+        with self._space:
+            self._reserved -= nbytes
+            self.hot.add(bid, table)
+            self._batches[bid] = info
+            self._catalog.insert_meta(meta)
+            if self.hot.resident_bytes() > self.memory_limit_bytes * _EVICT_HIGH:
+                self._schedule_eviction()
+
+    def _push_direct(self, table: pa.Table) -> None:
+        """A batch larger than the hot budget allows goes to the warm tier in chunks, synchronously."""
+        chunk_rows = max(1, int(table.num_rows * (self.memory_limit_bytes / 4) / table_bytes(table)))
+        written: list[int] = []
+        try:
+            for start in range(0, table.num_rows, chunk_rows):
+                part = table.slice(start, chunk_rows)
+                bid = self.index.reserve_batch()
+                frag, ds = self.warm.append(part)
+                info = BatchInfo(batch_id=bid, tier="warm", rows=part.num_rows, fragment=frag.fragment_id,
+                                 files=list(frag.files), checksum=frag.checksum, nbytes=frag.nbytes)
+                meta = self._meta_of(bid, part)
+                self.index.record_batch(info, part.column("key").to_pylist(), meta.drop_columns(["_batch"]))
+                written.append(bid)
+                with self._lock:
+                    self.warm.publish(ds)
+                    self._batches[bid] = info
+                    self._catalog.insert_meta(meta)
+        except BaseException:
+            self._rollback(written)
+            raise
+
+    def _rollback(self, batch_ids: list[int]) -> None:
+        """Undo the batches of a push that failed half way (nothing of it stays stored)."""
+        with self._lock:
+            for bid in batch_ids:
+                info = self._batches.pop(bid)
+                meta = self.index.batch_meta(bid)
+                keys = meta.column("key") if meta is not None else pa.array([], pa.string())
+                self.warm.drop_fragments([info.fragment])
+                self.index.drop_batch(bid, keys.to_pylist())
+                self._catalog.delete_meta(keys)
+
+    # eviction -----------------------------------------------------------------------------
+    def _schedule_eviction(self, extra: int = 0) -> None:
+        """Hand least recently used batches to write-back (p1), in fragment-sized groups."""
+        if self._evictions_paused:
+            return
+        target = int(self.memory_limit_bytes * _EVICT_LOW) - extra - self._reserved
+        victims = self.hot.choose_victims(max(target, 0))
+        group: list[int] = []
+        size = 0
+        for v in victims:
+            group.append(v.batch_id)
+            size += v.nbytes
+            if size >= _FRAGMENT_BYTES:
+                self._submit_write_back(group)
+                group, size = [], 0
+        if group:
+            self._submit_write_back(group)
+
+    def _submit_write_back(self, group: list[int]) -> None:
+        ids = list(group)
+        self.tasks.submit(P1, lambda: self._write_back(ids), name=f"write-back {ids[0]}..{ids[-1]}")
+
+    def _write_back(self, batch_ids: list[int]) -> None:
+        """Write hot batches to one warm fragment, then move them there in one step."""
+        with self._lock:
+            tables = [self.hot.get(b, touch=False).table for b in batch_ids]
+        try:
+            frag, ds = self.warm.append(pa.concat_tables(tables) if len(tables) > 1 else tables[0])
+        except BaseException:
+            with self._space:
+                for b in batch_ids:
+                    hb = self.hot.get(b, touch=False)
+                    if hb is not None:
+                        hb.evicting = False
+                self._space.notify_all()
+            raise
+        with self._space:
+            infos = []
+            offset = 0
+            for b, t in zip(batch_ids, tables):
+                info = self._batches[b]
+                info.tier, info.fragment, info.offset = "warm", frag.fragment_id, offset
+                info.files, info.checksum, info.nbytes = list(frag.files), frag.checksum, frag.nbytes
+                infos.append(info)
+                offset += t.num_rows
+            self.index.set_batches(infos)
+            self.warm.publish(ds)
+            for b in batch_ids:
+                self.hot.remove(b)
+                self.wal.remove(b)
+            self._space.notify_all()
+
+    # reads --------------------------------------------------------------------------------
+    def get(self, keys: Sequence[str] | pa.Array, columns: Sequence[str] | None = None) -> pa.Table:
+        """Rows for ``keys`` in the order given, with only ``columns`` read (all if None)."""
+        self._check()
+        keys = keys.to_pylist() if isinstance(keys, (pa.Array, pa.ChunkedArray)) else list(keys)
+        cols = list(columns) if columns is not None else list(self.schema.names)
+        bad = [c for c in cols if c not in self.schema.names]
+        if bad:
+            raise SchemaError(f"unknown column {bad[0]!r}; the buffer has {', '.join(self.schema.names)}")
+        fetch = cols if "key" in cols else [*cols, "key"]
+        out_schema = pa.schema([self.schema.field(c) for c in fetch])
+        if not keys:
+            return pa.schema([self.schema.field(c) for c in cols]).empty_table()
+        parts: list[pa.Table] = []
+        order: list[np.ndarray] = []
+        warm_reads: list[tuple[int, np.ndarray, np.ndarray]] = []
+        with self._lock:
+            batch, pos, found = self.index.lookup(keys)
+            if not found.all():
+                raise KeyNotFoundError(f"key {keys[int(np.flatnonzero(~found)[0])]!r} is not in the buffer")
+            sort = np.argsort(batch, kind="stable")
+            bounds = np.flatnonzero(np.diff(batch[sort])) + 1
+            for idx in np.split(sort, bounds):
+                bid = int(batch[idx[0]])
+                hb = self.hot.get(bid)
+                if hb is not None:
+                    parts.append(hb.table.select(fetch).take(pa.array(pos[idx])))
+                    order.append(idx)
+                else:
+                    info = self._batches[bid]
+                    warm_reads.append((info.fragment, info.offset + pos[idx], idx))
+            ds_warm = self.warm
+        by_frag: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+        for frag, rows, idx in warm_reads:
+            by_frag.setdefault(frag, []).append((rows, idx))
+        for frag, items in by_frag.items():
+            rows = np.concatenate([r for r, _ in items])
+            idx = np.concatenate([i for _, i in items])
+            parts.append(ds_warm.take(frag, rows, fetch).select(fetch))
+            order.append(idx)
+        table = pa.concat_tables([p.cast(out_schema) for p in parts])
+        inverse = np.argsort(np.concatenate(order))
+        return table.take(pa.array(inverse)).select(cols)
+
+    def sample(
+        self,
+        n: int,
+        where: str | None = None,
+        sampler: str | _samplers.Sampler | type | None = "uniform",
+        columns: Sequence[str] | None = None,
+        seed: int | None = 0,
+        return_keys: bool = False,
+        **options: Any,
+    ) -> pa.Table | pa.Array:
+        """Choose ``n`` rollouts matching ``where`` with ``sampler`` and fetch ``columns``.
+
+        Deterministic given ``seed`` and the buffer's contents. Raises ``NotEnoughRowsError`` when
+        the predicate matches fewer rows than asked (and ``QueryError`` for a bad predicate).
+        ``return_keys=True`` returns only the keys (fetch payload later with ``get``).
+        """
+        self._check()
+        strategy = _samplers.resolve(sampler, **options)
+        check_predicate(where)
+        if strategy.needs_counts:
+            self.tasks.drain()
+        rng = np.random.default_rng(seed)
+        keys = strategy.sample(self._catalog_for_sampling(), int(n), where, rng)
+        if isinstance(keys, pa.ChunkedArray):
+            keys = keys.combine_chunks()
+        self._count_replays(keys)
+        if strategy.needs_counts:
+            self.tasks.drain()
+        if return_keys:
+            return keys
+        return self.get(keys, columns)
+
+    def _catalog_for_sampling(self) -> Catalog:
+        self._sync_catalog()
+        return self._catalog
+
+    def _count_replays(self, keys: pa.Array) -> None:
+        """Add one to ``sample_count`` of each sampled key, persisted in the background (p0)."""
+        if len(keys) == 0:
+            return
+        vc = pc.value_counts(keys)
+        counts = pa.table({"key": vc.field("values"), "n": vc.field("counts")})
+
+        def apply() -> None:
+            with self._lock:
+                self._catalog.add_sample_counts(counts)
+            self.index.add_sample_counts(counts.column("key").to_pylist(), counts.column("n").to_pylist())
+
+        self.tasks.submit(P0, apply, name="count replays")
+
+    def sql(self, query: str, params: list | dict | None = None) -> pa.Table:
+        """Run DuckDB SQL over ``rollouts`` (all tiers), ``hot``, ``warm`` and ``meta``."""
+        self._check()
+        return self._catalog.query(query, params)
+
+    # deletes ------------------------------------------------------------------------------
+    def delete(self, keys: Sequence[str] | pa.Array | None = None, where: str | None = None) -> int:
+        """Delete rollouts by key and/or predicate; returns how many rows were deleted."""
+        self._check()
+        if keys is None and where is None:
+            raise ValueError("delete needs keys=..., where=... or both (to delete everything, where='TRUE')")
+        with self._lock:
+            self._evictions_paused += 1
+        try:
+            self.tasks.drain()
+            self.tasks.check()
+            with self._space:
+                return self._delete_locked(keys, where)
+        finally:
+            with self._lock:
+                self._evictions_paused -= 1
+
+    def _delete_locked(self, keys, where) -> int:
+        wanted: list[str] = []
+        if keys is not None:
+            wanted = keys.to_pylist() if isinstance(keys, (pa.Array, pa.ChunkedArray)) else list(keys)
+        if where is not None:
+            source = self._catalog.source_for(where)
+            t = self._catalog.query(self._catalog.render("select_keys", source=source, where=check_predicate(where)))
+            matched = t.column("key").to_pylist()
+            wanted = matched if keys is None else sorted(set(wanted) & set(matched))
+        if not wanted:
+            return 0
+        batch, pos, found = self.index.lookup(wanted)
+        gone = [k for k, f in zip(wanted, found) if f]
+        warm_gone: list[str] = []
+        for bid in np.unique(batch[found]).tolist():
+            sel = found & (batch == bid)
+            removed = [wanted[i] for i in np.flatnonzero(sel)]
+            info = self._batches[bid]
+            meta = self.index.batch_meta(bid)
+            keep_mask = pc.invert(pc.is_in(meta.column("key"), pa.array(removed)))
+            new_meta = meta.filter(keep_mask)
+            info.rows = new_meta.num_rows
+            hb = self.hot.get(bid, touch=False)
+            positions: dict[str, int] = {}
+            if hb is not None:
+                kept = hb.table.filter(pc.invert(pc.is_in(hb.table.column("key"), pa.array(removed))))
+                positions = dict(zip(kept.column("key").to_pylist(), range(kept.num_rows)))
+                if kept.num_rows:
+                    if self.durability == "wal":
+                        self.wal.write(bid, kept)
+                    self.hot.replace(bid, kept)
+                else:
+                    self.hot.remove(bid)
+                    self.wal.remove(bid)
+            else:
+                warm_gone.extend(removed)
+            self.index.rewrite_batch(info, removed, positions, new_meta)
+            if info.rows == 0:
+                self._batches.pop(bid)
+        self.warm.delete_keys(warm_gone)
+        self._catalog.delete_meta(pa.array(gone, pa.string()))
+        return len(gone)
+
+    # durability ---------------------------------------------------------------------------
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until queued background work (write-back, replay counts) is done and durable."""
+        self._check()
+        if not self.tasks.drain(timeout):
+            raise TimeoutError(f"background work still queued after {timeout} s")
+        self.tasks.check()
+        self.index.flush()
+
+    def evict_all(self) -> None:
+        """Write every hot batch to the warm tier now (e.g. before a planned shutdown)."""
+        self._check()
+        with self._lock:
+            victims = self.hot.choose_victims(0)
+        for i in range(0, len(victims), 64):
+            self._write_back([v.batch_id for v in victims[i : i + 64]])
+        self.flush()
+
+    # introspection ------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Rows, bytes and files per tier, queue depths and latencies."""
+        self._check()
+        with self._lock:
+            hot = {"rows": self.hot.rows, "bytes": self.hot.nbytes, "limit_bytes": self.memory_limit_bytes,
+                   "batches": len(self.hot)}
+            warm = self.warm.stats()
+        wal_ids = self.wal.ids()
+        return {
+            "run_id": self.run_id,
+            "path": str(self.path),
+            "rows": hot["rows"] + warm["rows"],
+            "hot": hot,
+            "warm": warm,
+            "cold": {"rows": 0, "files": 0, "last_snapshot_id": None, "url": self.lake_url},
+            "wal": {"segments": len(wal_ids), "bytes": self.wal.nbytes()},
+            "queues": self.tasks.stats(),
+            "durability": self.durability,
+        }
+
+    def __len__(self) -> int:
+        return self._catalog.count(None, "meta")
+
+    # lifecycle ----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Finish background work, persist what must survive, release the directory."""
+        if self._closed:
+            return
+        try:
+            self.tasks.drain()
+            if self.durability == "memory":
+                self.evict_all()
+            self.tasks.close()
+            self.tasks.check()
+        finally:
+            self._closed = True
+            self._catalog.close()
+            self.index.close()
+            self._release_dir_lock()
+
+    def __enter__(self) -> ReplayBuffer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"ReplayBuffer({str(self.path)!r}, run_id={self.run_id!r}, {state})"

@@ -1,0 +1,146 @@
+"""The DuckDB catalog: one connection exposing ``rollouts`` (all tiers), per-tier views and ``meta``.
+
+Hot tables and the warm Lance dataset are registered as Arrow objects (zero-copy scans with
+projection and filter pushdown); ``meta`` is a native DuckDB table of the metadata columns only,
+which is what samplers select keys on, so selection never touches payload columns.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from .errors import QueryError
+from .resources import sql_text
+
+_FORBIDDEN = re.compile(r";")
+
+
+def check_predicate(where: str | None) -> str:
+    """A ``where`` is one boolean SQL expression; ``None`` or empty means every row."""
+    if where is None or not str(where).strip():
+        return "TRUE"
+    where = str(where)
+    if _FORBIDDEN.search(where):
+        raise QueryError(f"a where predicate must be a single SQL expression, got {where!r}")
+    return f"({where})"
+
+
+class Catalog:
+    """Thread-safe wrapper around one DuckDB connection (DuckDB connections are not)."""
+
+    def __init__(self, schema: pa.Schema, meta_columns: list[str], threads: int | None = None) -> None:
+        self.schema = schema
+        self.meta_columns = meta_columns
+        self.lock = threading.RLock()
+        self.con = duckdb.connect(":memory:")
+        if threads:
+            self.con.execute(f"SET threads = {int(threads)}")
+        self._empty = schema.empty_table()
+        meta_schema = pa.schema([schema.field(c) for c in meta_columns] + [pa.field("_batch", pa.int64())])
+        self.meta_schema = meta_schema
+        self.con.register("meta_seed", meta_schema.empty_table())
+        self.con.execute(sql_text("meta_table"))
+        self.con.unregister("meta_seed")
+        self._hot_version = -1
+        self._warm_obj: Any = None
+        self._cold_sql = ""
+        self._syncer: Callable[[], None] | None = None
+        self.register_tiers([], None)
+
+    # registration ------------------------------------------------------------------------
+    def register_tiers(self, hot_tables: list[pa.Table], warm_dataset: Any, cold_sql: str = "") -> None:
+        """Point the tier views at the current hot tables and warm dataset version."""
+        with self.lock:
+            hot = pa.concat_tables(hot_tables) if hot_tables else self._empty
+            self.con.register("hot_data", hot)
+            self.con.register("warm_data", warm_dataset if warm_dataset is not None else self._empty)
+            self._warm_obj = warm_dataset
+            self.con.execute(sql_text("tier_views"))
+            if cold_sql != self._cold_sql or self._hot_version == -1:
+                self._cold_sql = cold_sql
+            self.con.execute(sql_text("rollouts_view").replace("{cold}", self._cold_sql))
+            self._hot_version = 0
+
+    def set_syncer(self, fn: Callable[[], None]) -> None:
+        """A callback run before each query so views reflect the buffer's latest state."""
+        self._syncer = fn
+
+    def sync(self) -> None:
+        if self._syncer is not None:
+            self._syncer()
+
+    # metadata table ----------------------------------------------------------------------
+    def insert_meta(self, meta: pa.Table) -> None:
+        with self.lock:
+            self.con.register("meta_new", meta)
+            self.con.execute(sql_text("meta_insert"))
+            self.con.unregister("meta_new")
+
+    def delete_meta(self, keys: pa.Array) -> None:
+        with self.lock:
+            self.con.register("meta_gone", pa.table({"key": keys}))
+            self.con.execute(sql_text("meta_delete"))
+            self.con.unregister("meta_gone")
+
+    def add_sample_counts(self, counts: pa.Table) -> None:
+        """``counts`` has columns key, n: add n to each key's sample_count."""
+        with self.lock:
+            self.con.register("meta_counts", counts)
+            self.con.execute(sql_text("meta_add_counts"))
+            self.con.unregister("meta_counts")
+
+    # queries -----------------------------------------------------------------------------
+    def query(self, sql: str, params: list | dict | None = None, *, sync: bool = True, **tables: Any) -> pa.Table:
+        """Run ``sql`` and return an Arrow table; DuckDB errors become ``QueryError``.
+
+        Keyword arguments register Arrow objects under those names for the query's duration.
+        """
+        if sync:
+            self.sync()
+        with self.lock:
+            try:
+                for name, obj in tables.items():
+                    self.con.register(name, obj)
+                rel = self.con.sql(sql, params=params) if params is not None else self.con.sql(sql)
+                return rel.to_arrow_table() if rel is not None else pa.table({})
+            except duckdb.Error as e:
+                raise QueryError(f"{type(e).__name__}: {e}") from e
+            finally:
+                for name in tables:
+                    self.con.unregister(name)
+
+    def source_for(self, where: str | None) -> str:
+        """``meta`` if the predicate only needs metadata columns, else ``rollouts`` (all columns)."""
+        pred = check_predicate(where)
+        if pred == "TRUE":
+            return "meta"
+        with self.lock:
+            try:
+                self.con.execute(self.render("probe_predicate", source="meta", where=pred))
+                return "meta"
+            except duckdb.BinderException:
+                return "rollouts"
+            except duckdb.Error as e:
+                raise QueryError(f"{type(e).__name__}: {e}") from e
+
+    def render(self, name: str, **fields: Any) -> str:
+        """An ``sql/<name>.sql`` template with ``{field}`` placeholders filled."""
+        text = sql_text(name)
+        for k, v in fields.items():
+            text = text.replace("{" + k + "}", str(v))
+        return text
+
+    def count(self, where: str | None, source: str | None = None) -> int:
+        source = source or self.source_for(where)
+        t = self.query(self.render("count_where", source=source, where=check_predicate(where)))
+        return int(t.column(0)[0].as_py())
+
+    def close(self) -> None:
+        with self.lock:
+            self.con.close()

@@ -1,0 +1,22 @@
+"""Locate the declarative files (``schemas/``, ``sql/``) in a checkout or in an installed wheel."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+_PKG = Path(__file__).resolve().parent
+
+
+def resource_dir(name: str) -> Path:
+    """``lakebuffer/<name>`` in a wheel (mapped by pyproject), else ``<repo>/<name>`` in a checkout."""
+    for base in (_PKG / name, _PKG.parent / name):
+        if base.is_dir():
+            return base
+    raise FileNotFoundError(f"lakebuffer resource folder {name!r} not found next to {_PKG}")
+
+
+@cache
+def sql_text(name: str) -> str:
+    """The text of ``sql/<name>.sql`` (queries live there, not in Python strings)."""
+    return (resource_dir("sql") / f"{name}.sql").read_text()

@@ -1,0 +1,224 @@
+"""The rollout schema (declared in ``schemas/rollout.json``) and validation of pushed batches.
+
+Every input type ``push`` accepts is turned into one ``pa.Table`` conforming to the buffer's
+schema here, before anything is stored, so a bad batch fails whole and loses nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .errors import SchemaError
+from .resources import resource_dir
+
+SCHEMA_FILE = resource_dir("schemas") / "rollout.json"
+
+_SCALARS: dict[str, pa.DataType] = {
+    "string": pa.string(),
+    "int64": pa.int64(),
+    "int32": pa.int32(),
+    "float32": pa.float32(),
+    "float64": pa.float64(),
+    "bool": pa.bool_(),
+}
+
+
+def parse_type(text: str) -> pa.DataType:
+    """Parse the small type language of the schema file (``list<int32>``, ``timestamp[us, UTC]``)."""
+    text = text.strip()
+    if text in _SCALARS:
+        return _SCALARS[text]
+    m = re.fullmatch(r"list<(.+)>", text)
+    if m:
+        return pa.list_(parse_type(m.group(1)))
+    m = re.fullmatch(r"timestamp\[(\w+)(?:,\s*(\S+))?\]", text)
+    if m:
+        return pa.timestamp(m.group(1), tz=m.group(2))
+    raise ValueError(f"unknown type in schema file: {text!r}")
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    name: str
+    type: pa.DataType
+    nullable: bool
+    required: bool
+    default: str | None
+    payload: bool
+
+
+def _load_specs() -> tuple[list[FieldSpec], dict[str, Any]]:
+    doc = json.loads(SCHEMA_FILE.read_text())
+    specs = [
+        FieldSpec(
+            name=f["name"],
+            type=parse_type(f["type"]),
+            nullable=bool(f.get("nullable", True)),
+            required=bool(f.get("required", False)),
+            default=f.get("default"),
+            payload=bool(f.get("payload", False)),
+        )
+        for f in doc["fields"]
+    ]
+    return specs, doc.get("partitioning", {})
+
+
+FIELD_SPECS, PARTITIONING = _load_specs()
+ROLLOUT_SCHEMA: pa.Schema = pa.schema(
+    [pa.field(s.name, s.type, nullable=s.nullable) for s in FIELD_SPECS],
+    metadata={"lakebuffer.schema": "rollout/1"},
+)
+_SPEC_BY_NAME = {s.name: s for s in FIELD_SPECS}
+PAYLOAD_COLUMNS = tuple(s.name for s in FIELD_SPECS if s.payload)
+
+
+def metadata_columns(schema: pa.Schema) -> list[str]:
+    """Columns small enough to keep in the metadata catalog: every non-nested column."""
+    return [f.name for f in schema if not pa.types.is_nested(f.type) and not _is_binary(f.type)]
+
+
+def _is_binary(t: pa.DataType) -> bool:
+    return pa.types.is_binary(t) or pa.types.is_large_binary(t)
+
+
+def merge_schema(user: pa.Schema | None) -> pa.Schema:
+    """The buffer schema: the rollout schema plus the user's extra columns (built-ins may not change type)."""
+    if user is None:
+        return ROLLOUT_SCHEMA
+    fields = list(ROLLOUT_SCHEMA)
+    for f in user:
+        spec = _SPEC_BY_NAME.get(f.name)
+        if spec is None:
+            fields.append(f)
+        elif not f.type.equals(spec.type):
+            raise SchemaError(f"column {f.name!r} must be {spec.type}, the schema given has {f.type}")
+    return pa.schema(fields, metadata=ROLLOUT_SCHEMA.metadata)
+
+
+def to_table(data: Any) -> pa.Table:
+    """Turn any supported input into a ``pa.Table`` without copying Arrow data."""
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    mod = type(data).__module__.split(".")[0]
+    if mod == "polars":
+        return data.to_arrow()
+    if mod == "pandas":
+        return pa.Table.from_pandas(data, preserve_index=False)
+    if isinstance(data, dict):
+        try:
+            return pa.table({k: v if isinstance(v, (pa.Array, pa.ChunkedArray)) else _to_array(v) for k, v in data.items()})
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
+            raise SchemaError(f"cannot build columns from dict: {e}") from e
+    if isinstance(data, list):
+        if not data:
+            return pa.table({})
+        if not all(isinstance(r, dict) for r in data):
+            raise SchemaError("a list passed to push must hold dict rows")
+        try:
+            return pa.Table.from_pylist(data)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            raise SchemaError(f"cannot build a table from rows: {e}") from e
+    raise SchemaError(
+        f"push accepts pa.RecordBatch, pa.Table, polars/pandas DataFrame, list of dicts or dict of columns, not {type(data).__name__}"
+    )
+
+
+def _to_array(v: Any) -> pa.Array:
+    if isinstance(v, np.ndarray) and v.ndim == 2:
+        # a 2-D token matrix: one list per row, zero-copy offsets over the flat buffer
+        n, width = v.shape
+        offsets = pa.array(np.arange(0, (n + 1) * width, width, dtype=np.int32))
+        return pa.ListArray.from_arrays(offsets, pa.array(v.reshape(-1)))
+    return pa.array(v)
+
+
+def _compatible(src: pa.DataType, dst: pa.DataType) -> bool:
+    """Casts we accept silently: same family (ints to ints, floats, lists of those, strings, times)."""
+    if src.equals(dst) or pa.types.is_null(src):
+        return True
+    if pa.types.is_integer(dst):
+        return pa.types.is_integer(src)
+    if pa.types.is_floating(dst):
+        return pa.types.is_integer(src) or pa.types.is_floating(src)
+    if pa.types.is_string(dst) or pa.types.is_large_string(dst):
+        return pa.types.is_string(src) or pa.types.is_large_string(src) or pa.types.is_dictionary(src)
+    if pa.types.is_timestamp(dst):
+        return pa.types.is_timestamp(src) or pa.types.is_date(src)
+    if pa.types.is_boolean(dst):
+        return pa.types.is_boolean(src)
+    if pa.types.is_list(dst) or pa.types.is_large_list(dst):
+        if pa.types.is_list(src) or pa.types.is_large_list(src) or pa.types.is_fixed_size_list(src):
+            return _compatible(src.value_type, dst.value_type)
+        return False
+    return False
+
+
+def conform(table: pa.Table, schema: pa.Schema, *, run_id: str, now: Any, keys: pa.Array | None) -> pa.Table:
+    """Validate ``table`` against ``schema`` and fill defaults; raise ``SchemaError`` naming the column.
+
+    ``keys`` are the generated keys to use where the batch brings none.
+    """
+    n = table.num_rows
+    names = set(table.column_names)
+    unknown = [c for c in table.column_names if c not in schema.names]
+    if unknown:
+        raise SchemaError(
+            f"column {unknown[0]!r} is not in the buffer schema; declare extra columns with "
+            f"ReplayBuffer.open(..., schema=...)"
+        )
+    for spec in FIELD_SPECS:
+        if spec.required and spec.name not in names:
+            raise SchemaError(f"missing required column {spec.name!r}")
+    columns: dict[str, pa.ChunkedArray | pa.Array] = {}
+    for field in schema:
+        name = field.name
+        if name in names:
+            col = table.column(name)
+            if not _compatible(col.type, field.type):
+                raise SchemaError(f"column {name!r} has type {col.type}, expected {field.type}")
+            try:
+                col = col.cast(field.type, safe=True)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise SchemaError(f"column {name!r} cannot be cast to {field.type}: {e}") from e
+        else:
+            col = None
+        col = _fill_default(name, col, n, run_id=run_id, now=now, keys=keys, filled=columns, type_=field.type)
+        if not field.nullable and col.null_count:
+            raise SchemaError(f"column {name!r} has {col.null_count} null value(s) but is not nullable")
+        columns[name] = col
+    reward = columns["reward"]
+    nan = pc.sum(pc.is_nan(reward).cast(pa.int64())).as_py() or 0
+    if nan:
+        raise SchemaError(f"column 'reward' has {nan} NaN value(s); rewards must be finite numbers")
+    return pa.table(columns, schema=schema)
+
+
+def _fill_default(name, col, n, *, run_id, now, keys, filled, type_):
+    spec = _SPEC_BY_NAME.get(name)
+    default = spec.default if spec else None
+    if col is not None and (default is None or col.null_count == 0):
+        return col
+    if default == "generated":
+        fill = keys if keys is not None else pa.nulls(n, pa.string())
+    elif default == "run_id":
+        fill = pa.array([run_id] * 1, type_).take(pa.array(np.zeros(n, dtype=np.int64)))
+    elif default == "prompt_id":
+        fill = filled["prompt_id"]
+    elif default == "now":
+        fill = pa.array(np.full(n, now, dtype="datetime64[us]")).cast(type_)
+    elif default == "zero":
+        fill = pa.array(np.zeros(n, dtype=type_.to_pandas_dtype()))
+    else:
+        return col if col is not None else pa.nulls(n, type_)
+    if col is None:
+        return fill
+    return pc.coalesce(col, fill)

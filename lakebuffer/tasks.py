@@ -1,0 +1,162 @@
+"""Background work with two priorities, so persistence never blocks the trainer.
+
+p0 holds critical work (push persistence, delete, snapshot), p1 low-priority work (eviction
+write-back, populate/prefetch). When both have work, a worker takes p0 with probability 0.8 and
+p1 with 0.2: neither can starve the other. A failed task is kept and re-raised on the next API
+call (``check()``), never swallowed.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import WorkerError
+
+log = logging.getLogger("lakebuffer.tasks")
+
+P0, P1 = 0, 1
+_P0_SHARE = 0.8
+
+
+@dataclass
+class _Task:
+    fn: Callable[[], Any]
+    name: str
+    queued_at: float
+    future: Future = field(default_factory=Future)
+
+
+class _Latency:
+    """Recent queue-wait + run latencies of one queue (a small ring, for ``stats()``)."""
+
+    def __init__(self, size: int = 256) -> None:
+        self.samples: deque[float] = deque(maxlen=size)
+        self.done = 0
+
+    def add(self, seconds: float) -> None:
+        self.samples.append(seconds)
+        self.done += 1
+
+    def summary(self) -> dict[str, float]:
+        if not self.samples:
+            return {"done": self.done, "p50_ms": 0.0, "p99_ms": 0.0}
+        s = sorted(self.samples)
+        return {
+            "done": self.done,
+            "p50_ms": 1000 * s[len(s) // 2],
+            "p99_ms": 1000 * s[min(len(s) - 1, int(len(s) * 0.99))],
+        }
+
+
+class TaskQueue:
+    """Two FIFO queues drained by ``workers`` threads with an 80/20 priority pick."""
+
+    def __init__(self, workers: int = 1, seed: int = 0, name: str = "lakebuffer") -> None:
+        self._queues: tuple[deque[_Task], deque[_Task]] = (deque(), deque())
+        self._cv = threading.Condition()
+        self._rng = random.Random(seed)
+        self._running = 0
+        self._stopping = False
+        self._error: BaseException | None = None
+        self._error_task = ""
+        self._latency = (_Latency(), _Latency())
+        self._threads = [
+            threading.Thread(target=self._loop, name=f"{name}-worker-{i}", daemon=True) for i in range(workers)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, priority: int, fn: Callable[[], Any], name: str = "") -> Future:
+        """Queue ``fn``; its Future carries the result or the exception."""
+        task = _Task(fn, name or getattr(fn, "__name__", "task"), time.perf_counter())
+        with self._cv:
+            if self._stopping:
+                raise WorkerError("the task queue is stopped")
+            self._queues[priority].append(task)
+            self._cv.notify()
+        return task.future
+
+    def _pick(self) -> tuple[int, _Task] | None:
+        p0, p1 = self._queues
+        if p0 and p1:
+            prio = P0 if self._rng.random() < _P0_SHARE else P1
+        elif p0:
+            prio = P0
+        elif p1:
+            prio = P1
+        else:
+            return None
+        return prio, self._queues[prio].popleft()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                picked = self._pick()
+                while picked is None:
+                    if self._stopping:
+                        return
+                    self._cv.wait()
+                    picked = self._pick()
+                self._running += 1
+            prio, task = picked
+            try:
+                result = task.fn()
+            except BaseException as e:  # surfaced through check() and the future
+                log.exception("background task %s failed", task.name)
+                with self._cv:
+                    if self._error is None:
+                        self._error, self._error_task = e, task.name
+                task.future.set_exception(e)
+            else:
+                task.future.set_result(result)
+            finally:
+                self._latency[prio].add(time.perf_counter() - task.queued_at)
+                with self._cv:
+                    self._running -= 1
+                    self._cv.notify_all()
+
+    def check(self) -> None:
+        """Raise the first background failure (once), so it reaches the caller's next API call."""
+        with self._cv:
+            err, name = self._error, self._error_task
+            self._error = None
+        if err is not None:
+            raise WorkerError(f"background task {name!r} failed: {err}") from err
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until both queues are empty and no task runs; False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cv:
+            while self._queues[0] or self._queues[1] or self._running:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cv.wait(left)
+        return True
+
+    def stats(self) -> dict[str, Any]:
+        with self._cv:
+            return {
+                "p0": len(self._queues[0]),
+                "p1": len(self._queues[1]),
+                "running": self._running,
+                "p0_latency": self._latency[0].summary(),
+                "p1_latency": self._latency[1].summary(),
+            }
+
+    def close(self) -> None:
+        """Drain, then stop the workers."""
+        self.drain()
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        for t in self._threads:
+            t.join()

@@ -1,0 +1,154 @@
+"""The warm tier: evicted batches as fragments of one local Lance dataset.
+
+One eviction is one Lance append, so one hot batch becomes one fragment, addressed by
+``(fragment_id << 32) | row``. Lance gives what a replay buffer needs from disk: random ``take``
+by row address with column projection (asking for ``reward`` never reads ``response_ids``),
+deletion vectors for deletes, and a pyarrow-dataset face DuckDB scans with pushdown.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import lance
+import numpy as np
+import pyarrow as pa
+
+from .errors import CorruptionError
+
+log = logging.getLogger("lakebuffer.warm")
+
+
+@dataclass(frozen=True)
+class FragmentInfo:
+    fragment_id: int
+    rows: int
+    nbytes: int
+    files: tuple[str, ...]
+    checksum: int  # crc32 of the fragment's data files, in file order
+
+
+def _crc32_file(path: Path, chunk: int = 8 << 20) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            crc = zlib.crc32(block, crc)
+    return crc
+
+
+class WarmTier:
+    """Local Lance dataset of evicted batches. Appends come from one writer at a time."""
+
+    def __init__(self, path: Path, schema: pa.Schema) -> None:
+        self.path = Path(path)
+        self.schema = schema
+        self._lock = threading.Lock()
+        self._ds: lance.LanceDataset | None = None  # the version readers see
+        if (self.path / "_versions").exists():
+            self._ds = lance.dataset(str(self.path))
+        self._latest = self._ds  # the newest version written (ahead of _ds until published)
+
+    @property
+    def dataset(self) -> lance.LanceDataset | None:
+        """The latest committed version (a consistent snapshot for readers)."""
+        return self._ds
+
+    def append(self, table: pa.Table) -> tuple[FragmentInfo, lance.LanceDataset]:
+        """Write ``table`` as one new fragment and commit it.
+
+        Returns where it lives and the new dataset version, which readers see only once the
+        caller ``publish``es it (together with the index update), so no row is ever visible twice.
+        """
+        table = table.cast(self.schema) if not table.schema.equals(self.schema) else table
+        with self._lock:
+            mode = "append" if self._latest is not None else "create"
+            prev_max = max((f.fragment_id for f in self._latest.get_fragments()), default=-1) if self._latest else -1
+            ds = lance.write_dataset(
+                table,
+                str(self.path),
+                schema=self.schema,
+                mode=mode,
+                max_rows_per_file=max(table.num_rows, 1),
+            )
+            new = [f for f in ds.get_fragments() if f.fragment_id > prev_max]
+            if len(new) != 1:
+                raise CorruptionError(f"expected one new Lance fragment in {self.path}, found {len(new)}")
+            frag = new[0]
+            files = tuple(df.path for df in frag.data_files())
+            data_dir = self.path / "data"
+            checksum = 0
+            nbytes = 0
+            for name in files:
+                p = data_dir / name
+                checksum = zlib.crc32(_crc32_file(p).to_bytes(4, "little"), checksum)
+                nbytes += p.stat().st_size
+            self._latest = ds
+            return FragmentInfo(frag.fragment_id, table.num_rows, nbytes, files, checksum), ds
+
+    def publish(self, ds: lance.LanceDataset) -> None:
+        """Make ``ds`` (from ``append``) the version readers use."""
+        if self._ds is None or ds.version > self._ds.version:
+            self._ds = ds
+
+    def take(self, fragment_id: int, rows: np.ndarray, columns: list[str]) -> pa.Table:
+        """Rows of one fragment by position, only ``columns`` read from disk."""
+        ds = self._ds
+        if ds is None:
+            raise CorruptionError(f"warm tier {self.path} has no dataset but the index points into it")
+        addresses = (np.int64(fragment_id) << np.int64(32)) | rows.astype(np.int64)
+        try:
+            out = ds._take_rows(pa.array(addresses, pa.uint64()), columns=columns)
+        except (OSError, ValueError, RuntimeError) as e:
+            raise CorruptionError(f"cannot read warm fragment {fragment_id} of {self.path}: {e}") from e
+        if out.num_rows != len(rows):
+            raise CorruptionError(
+                f"warm fragment {fragment_id} of {self.path} returned {out.num_rows} of {len(rows)} rows"
+            )
+        return out
+
+    def delete_keys(self, keys: list[str]) -> None:
+        """Mark rows deleted (Lance deletion vectors); row addresses of other rows stay valid."""
+        if not keys or self._ds is None:
+            return
+        with self._lock:
+            quoted = ", ".join("'" + k.replace("'", "''") + "'" for k in keys)
+            self._ds.delete(f"key IN ({quoted})")
+            self._ds = self._latest = lance.dataset(str(self.path))
+
+    def drop_fragments(self, fragment_ids: list[int]) -> None:
+        """Remove whole fragments (orphans found by recovery) in one commit."""
+        if not fragment_ids or self._ds is None:
+            return
+        with self._lock:
+            op = lance.LanceOperation.Delete(updated_fragments=[], deleted_fragment_ids=list(fragment_ids), predicate="false")
+            lance.LanceDataset.commit(str(self.path), op, read_version=self._ds.version)
+            self._ds = self._latest = lance.dataset(str(self.path))
+
+    def verify(self, fragment_id: int, files: tuple[str, ...], checksum: int) -> None:
+        """Recompute a fragment's checksum; raise ``CorruptionError`` naming the file on mismatch."""
+        crc = 0
+        for name in files:
+            p = self.path / "data" / name
+            if not p.exists():
+                raise CorruptionError(f"warm fragment {fragment_id}: data file {p} is missing")
+            crc = zlib.crc32(_crc32_file(p).to_bytes(4, "little"), crc)
+        if crc != checksum:
+            raise CorruptionError(f"warm fragment {fragment_id}: data file {', '.join(files)} fails its checksum")
+
+    def fragment_ids(self) -> list[int]:
+        if self._ds is None:
+            return []
+        return [f.fragment_id for f in self._ds.get_fragments()]
+
+    def stats(self) -> dict[str, int]:
+        ds = self._ds
+        if ds is None:
+            return {"rows": 0, "bytes": 0, "fragments": 0}
+        data = self.path / "data"
+        nbytes = sum(e.stat().st_size for e in os.scandir(data)) if data.exists() else 0
+        return {"rows": ds.count_rows(), "bytes": nbytes, "fragments": len(ds.get_fragments())}

@@ -1,0 +1,1 @@
+DELETE FROM meta WHERE key IN (SELECT key FROM meta_gone)

@@ -1,0 +1,1 @@
+INSERT INTO meta SELECT * FROM meta_new

@@ -1,0 +1,9 @@
+-- The one view users query: every live rollout of this buffer, whichever tier holds it.
+-- Hot and warm are complementary (a row lives in exactly one of them), so UNION ALL is exact.
+-- {cold} is replaced by "UNION ALL BY NAME SELECT * FROM cold_only" when the lake holds rows that
+-- are no longer local, else by nothing.
+CREATE OR REPLACE VIEW rollouts AS
+SELECT * FROM hot
+UNION ALL BY NAME
+SELECT * FROM warm
+{cold};

@@ -1,0 +1,1 @@
+SELECT key FROM {source} WHERE {where}
