@@ -13,10 +13,11 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -28,6 +29,7 @@ from .errors import (
     ClosedError,
     KeyNotFoundError,
     LockedError,
+    QueryError,
     SchemaError,
 )
 from .hot import HotTier, table_bytes
@@ -503,6 +505,33 @@ class ReplayBuffer:
             self.index.add_sample_counts(counts.column("key").to_pylist(), counts.column("n").to_pylist())
 
         self.tasks.submit(P0, apply, name="count replays")
+
+    def scan(
+        self, where: str | None = None, columns: Sequence[str] | None = None, batch_size: int = 4096
+    ) -> Iterator[pa.RecordBatch]:
+        """Stream matching rows as record batches from a snapshot of hot + warm (bounded memory).
+
+        The snapshot is taken when iteration starts; pushes and deletes after that are not seen.
+        A private DuckDB connection runs the scan, so other calls are not blocked meanwhile.
+        """
+        self._check()
+        pred = check_predicate(where)
+        cols = list(columns) if columns is not None else list(self.schema.names)
+        with self._lock:
+            hot = pa.concat_tables(self.hot.tables()) if len(self.hot) else self.schema.empty_table()
+            warm = self.warm.dataset if self.warm.dataset is not None else self.schema.empty_table()
+        con = duckdb.connect()
+        try:
+            con.register("hot_data", hot)
+            con.register("warm_data", warm)
+            sql = self._catalog.render("scan", columns=", ".join(f'"{c}"' for c in cols), where=pred)
+            try:
+                reader = con.sql(sql).to_arrow_reader(batch_size)
+            except duckdb.Error as e:
+                raise QueryError(f"{type(e).__name__}: {e}") from e
+            yield from reader
+        finally:
+            con.close()
 
     def sql(self, query: str, params: list | dict | None = None) -> pa.Table:
         """Run DuckDB SQL over ``rollouts`` (all tiers), ``hot``, ``warm`` and ``meta``."""

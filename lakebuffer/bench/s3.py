@@ -62,7 +62,11 @@ class MotoServer:
         else:
             self.stop()
             raise RuntimeError("moto server did not start listening in time")
-        self.filesystem().mkdir(self.bucket)
+        import boto3
+
+        boto3.client(
+            "s3", endpoint_url=self.endpoint, aws_access_key_id="bench", aws_secret_access_key="bench", region_name="us-east-1"
+        ).create_bucket(Bucket=self.bucket)
         return self
 
     def filesystem(self):
