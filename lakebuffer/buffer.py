@@ -34,6 +34,7 @@ from .errors import (
 )
 from .hot import HotTier, table_bytes
 from .index import BatchInfo, KeyIndex
+from .resources import sql_text
 from .schema import conform, merge_schema, metadata_columns, to_table
 from .tasks import P0, P1, TaskQueue
 from .wal import WriteAheadLog
@@ -454,7 +455,18 @@ class ReplayBuffer:
             order.append(idx)
         table = pa.concat_tables([p.cast(out_schema) for p in parts])
         inverse = np.argsort(np.concatenate(order))
-        return table.take(pa.array(inverse)).select(cols)
+        table = table.take(pa.array(inverse))
+        if "sample_count" in cols:
+            table = self._with_live_counts(table)
+        return table.select(cols)
+
+    def _with_live_counts(self, table: pa.Table) -> pa.Table:
+        """Replace the pushed ``sample_count`` by the live count kept in ``meta``."""
+        live = self._catalog.query(sql_text("live_sample_counts"), wanted=table.select(["key"]))
+        pos = pc.index_in(table.column("key"), value_set=live.column("key"))
+        counts = live.column("sample_count").combine_chunks().take(pos)
+        idx = table.column_names.index("sample_count")
+        return table.set_column(idx, table.schema.field(idx), pc.coalesce(counts, table.column(idx)))
 
     def sample(
         self,

@@ -48,6 +48,7 @@ class Catalog:
         self.con.execute(sql_text("meta_table"))
         self.con.unregister("meta_seed")
         self._hot_version = -1
+        self._pending: list[pa.Table] = []
         self._warm_obj: Any = None
         self._cold_sql = ""
         self._syncer: Callable[[], None] | None = None
@@ -77,13 +78,27 @@ class Catalog:
 
     # metadata table ----------------------------------------------------------------------
     def insert_meta(self, meta: pa.Table) -> None:
+        """Queue metadata rows; they reach DuckDB in one INSERT before the next statement.
+
+        A DuckDB statement costs milliseconds, a push should not: many pushes share one insert.
+        """
         with self.lock:
-            self.con.register("meta_new", meta)
+            self._pending.append(meta)
+
+    def _flush_pending(self) -> None:
+        if not self._pending:
+            return
+        batch = pa.concat_tables(self._pending) if len(self._pending) > 1 else self._pending[0]
+        self.con.register("meta_new", batch)
+        try:
             self.con.execute(sql_text("meta_insert"))
+        finally:
             self.con.unregister("meta_new")
+        self._pending.clear()
 
     def delete_meta(self, keys: pa.Array) -> None:
         with self.lock:
+            self._flush_pending()
             self.con.register("meta_gone", pa.table({"key": keys}))
             self.con.execute(sql_text("meta_delete"))
             self.con.unregister("meta_gone")
@@ -91,6 +106,7 @@ class Catalog:
     def add_sample_counts(self, counts: pa.Table) -> None:
         """``counts`` has columns key, n: add n to each key's sample_count."""
         with self.lock:
+            self._flush_pending()
             self.con.register("meta_counts", counts)
             self.con.execute(sql_text("meta_add_counts"))
             self.con.unregister("meta_counts")
@@ -105,6 +121,7 @@ class Catalog:
             self.sync()
         with self.lock:
             try:
+                self._flush_pending()
                 for name, obj in tables.items():
                     self.con.register(name, obj)
                 rel = self.con.sql(sql, params=params) if params is not None else self.con.sql(sql)
@@ -121,6 +138,7 @@ class Catalog:
         if pred == "TRUE":
             return "meta"
         with self.lock:
+            self._flush_pending()
             try:
                 self.con.execute(self.render("probe_predicate", source="meta", where=pred))
                 return "meta"

@@ -26,7 +26,7 @@ import pyarrow as pa
 from .data import PAYLOAD
 
 _LIST_COLUMNS = ("prompt_ids", "response_ids", "response_logprobs")
-_ROW_OVERHEAD = 1_200  # bytes of a dict row's Python objects (dict, keys, strings, scalars), measured
+_ROW_OVERHEAD = 1_150  # bytes of one dict row's Python objects (dict, strings, scalars, array headers), tracemalloc
 
 
 def _flat(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -365,8 +365,8 @@ class TorchRLStore:
 
         t = self.torch
         fields: dict[str, Any] = {
-            "reward": t.from_numpy(table.column("reward").to_numpy()),
-            "policy_version": t.from_numpy(table.column("policy_version").to_numpy()),
+            "reward": t.from_numpy(table.column("reward").to_numpy().copy()),
+            "policy_version": t.from_numpy(table.column("policy_version").to_numpy().copy()),
         }
         for c, w in self.widths.items():
             dtype = np.float32 if c == "response_logprobs" else np.int32
