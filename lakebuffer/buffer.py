@@ -44,7 +44,7 @@ log = logging.getLogger("lakebuffer")
 
 _EVICT_HIGH = 0.75  # start write-back when resident hot bytes pass this share of the budget
 _EVICT_LOW = 0.5  # ... and write back until they are under this share
-_FRAGMENT_BYTES = 64 << 20  # small evicted batches are coalesced into fragments of about this size
+_FRAGMENT_BYTES = 8 << 20  # small evicted batches are coalesced into fragments of about this size
 _DURABILITY = ("wal", "memory")
 
 
@@ -216,8 +216,11 @@ class ReplayBuffer:
                 keys = meta.column("key").to_pylist() if meta is not None else []
                 log.warning("batch %d (%d rows) was only in RAM (durability='memory') and is lost", bid, len(keys))
                 self.index.drop_batch(bid, keys)
-        for stale in wal_ids - set(self._batches):
-            self.wal.remove(stale)  # a push that crashed before it was acknowledged
+        hot_ids = {b for b, i in self._batches.items() if i.tier == "hot"}
+        for stale in wal_ids - hot_ids:
+            # a push that crashed before it was acknowledged, or a write-back that crashed after
+            # its index update but before the segment was removed
+            self.wal.remove(stale)
         metas = []
         for bid, meta in self.index.all_meta():
             if bid in self._batches:

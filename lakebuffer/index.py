@@ -67,6 +67,7 @@ class KeyIndex:
         self.path.mkdir(parents=True, exist_ok=True)
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
+        opts.set_write_buffer_size(8 << 20)  # bounded memtables: the index must not eat the RAM budget
         self._db = Rdict(str(self.path), options=opts)
         self._lock = threading.Lock()
         self._next_seq = self._counter(b"c/next_seq")

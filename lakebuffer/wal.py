@@ -28,12 +28,15 @@ class WriteAheadLog:
     def write(self, batch_id: int, table: pa.Table) -> None:
         final = self._segment(batch_id)
         tmp = final.with_suffix(".arrow.tmp")
-        with open(tmp, "wb") as f:
+        with pa.OSFile(str(tmp), "wb") as f:  # native writes: no Python bytes copies per buffer
             with pa.ipc.new_file(f, table.schema) as w:
                 w.write_table(table)
-            if self.sync:
-                f.flush()
-                os.fsync(f.fileno())
+        if self.sync:
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         os.replace(tmp, final)
         if self.sync:
             fd = os.open(self.path, os.O_RDONLY)

@@ -1,0 +1,130 @@
+"""``lakebuffer fsck``: check a buffer directory's index against its fragments and WAL.
+
+It reads the parts directly (not through ``ReplayBuffer.open``, whose recovery would silently fix
+what fsck should report), under the directory lock so no writer runs meanwhile.
+"""
+
+from __future__ import annotations
+
+import fcntl
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from .errors import CorruptionError, LockedError
+from .index import KeyIndex
+from .wal import WriteAheadLog
+from .warm import WarmTier
+
+
+def check(path: str | Path, repair: bool = False) -> dict[str, Any]:
+    """Return ``{"ok", "problems", "repaired", "batches", "keys"}``; with ``repair`` fix what can be.
+
+    Repairs: drop warm fragments and WAL segments no index entry refers to (leftovers of a crash),
+    and forget batches whose data is gone (their keys are listed as lost).
+    """
+    path = Path(path)
+    if not (path / "index").is_dir():
+        raise FileNotFoundError(f"{path} is not a lakebuffer directory (no index/)")
+    lock = open(path / "LOCK", "a+")
+    try:
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LockedError(f"{path} is open in another process; close it before fsck") from None
+        return _check(path, repair)
+    finally:
+        lock.close()
+
+
+def _check(path: Path, repair: bool) -> dict[str, Any]:
+    index = KeyIndex(path / "index")
+    problems: list[str] = []
+    repaired: list[str] = []
+    lost: list[str] = []
+    try:
+        schema = pa.ipc.read_schema(pa.py_buffer(index.get_setting("schema")))
+        warm = WarmTier(path / "warm" / "rollouts.lance", schema)
+        wal = WriteAheadLog(path / "wal")
+        batches = index.batches()
+        fragments = set(warm.fragment_ids())
+        wal_ids = set(wal.ids())
+        referenced = set()
+        meta_keys: dict[str, int] = {}
+        broken: list[int] = []
+        for bid, info in sorted(batches.items()):
+            meta = index.batch_meta(bid)
+            keys = meta.column("key").to_pylist() if meta is not None else []
+            if meta is None or meta.num_rows != info.rows:
+                problems.append(f"batch {bid}: metadata has {0 if meta is None else meta.num_rows} rows, index says {info.rows}")
+            for k in keys:
+                if k in meta_keys:
+                    problems.append(f"key {k!r} is in batches {meta_keys[k]} and {bid}")
+                meta_keys[k] = bid
+            if info.tier == "warm":
+                referenced.add(info.fragment)
+                if info.fragment not in fragments:
+                    problems.append(f"batch {bid}: warm fragment {info.fragment} is missing")
+                    broken.append(bid)
+                    continue
+                try:
+                    warm.verify(info.fragment, tuple(info.files), info.checksum)
+                except CorruptionError as e:
+                    problems.append(f"batch {bid}: {e}")
+                    broken.append(bid)
+            else:
+                if bid not in wal_ids:
+                    problems.append(f"batch {bid}: hot batch has no WAL segment (lost in a crash in memory mode?)")
+                    broken.append(bid)
+                    continue
+                try:
+                    seg = wal.read(bid)
+                    if seg.num_rows != info.rows:
+                        problems.append(f"batch {bid}: WAL segment has {seg.num_rows} rows, index says {info.rows}")
+                except CorruptionError as e:
+                    problems.append(f"batch {bid}: {e}")
+                    broken.append(bid)
+        index_keys = {}
+        for k, bid, _pos in index.iter_keys():
+            index_keys[k] = bid
+            if bid not in batches:
+                problems.append(f"key {k!r} points to unknown batch {bid}")
+        if set(index_keys) != set(meta_keys):
+            extra = set(index_keys) - set(meta_keys)
+            missing = set(meta_keys) - set(index_keys)
+            problems.append(f"index keys vs metadata differ: {len(extra)} extra, {len(missing)} missing")
+        orphan_frags = sorted(fragments - referenced)
+        orphan_wal = sorted(wal_ids - {b for b, i in batches.items() if i.tier == "hot"})
+        if orphan_frags:
+            problems.append(f"warm fragments with no index entry: {orphan_frags}")
+        if orphan_wal:
+            problems.append(f"WAL segments with no hot batch: {orphan_wal}")
+        if repair:
+            if orphan_frags:
+                warm.drop_fragments(orphan_frags)
+                repaired.append(f"dropped orphan fragments {orphan_frags}")
+            for w in orphan_wal:
+                wal.remove(w)
+            if orphan_wal:
+                repaired.append(f"removed orphan WAL segments {orphan_wal}")
+            dead_frags = set()
+            for bid in broken:
+                meta = index.batch_meta(bid)
+                keys = meta.column("key").to_pylist() if meta is not None else []
+                lost.extend(keys)
+                index.drop_batch(bid, keys)
+                if batches[bid].tier == "warm" and batches[bid].fragment in fragments:
+                    dead_frags.add(batches[bid].fragment)
+                repaired.append(f"forgot batch {bid} ({len(keys)} rows whose data is gone)")
+            warm.drop_fragments(sorted(dead_frags))
+        return {
+            "ok": not problems,
+            "problems": problems,
+            "repaired": repaired,
+            "lost_keys": lost,
+            "batches": len(batches),
+            "keys": len(index_keys),
+        }
+    finally:
+        index.close()

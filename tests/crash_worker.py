@@ -1,0 +1,31 @@
+"""Pushes batches forever into a buffer dir and prints each acknowledged key batch as one JSON line.
+
+Used by the crash test, which kills this process with SIGKILL at random moments.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import lakebuffer as lb
+from tests.rollouts import make_rollouts
+
+
+def main() -> None:
+    path, seed = sys.argv[1], int(sys.argv[2])
+    lake = sys.argv[3] if len(sys.argv) > 3 else None
+    buf = lb.ReplayBuffer.open(path, memory_limit_mb=1, snapshot_interval_s=0.3 if lake else 0, lake=lake)
+    print(json.dumps({"ready": True}), flush=True)
+    i = 0
+    while True:
+        t = make_rollouts(32, tokens=64, version=i % 5, seed=seed * 100_000 + i)
+        keys = buf.push(t).to_pylist()
+        print(json.dumps({"keys": keys}), flush=True)
+        i += 1
+        if i % 7 == 0:
+            buf.sample(8, seed=i)
+
+
+if __name__ == "__main__":
+    main()
