@@ -28,12 +28,14 @@ from .errors import (
     BackpressureError,
     ClosedError,
     KeyNotFoundError,
+    LakeError,
     LockedError,
     QueryError,
     SchemaError,
 )
 from .hot import HotTier, table_bytes
 from .index import BatchInfo, KeyIndex
+from .lake import Lake
 from .resources import sql_text
 from .schema import conform, merge_schema, metadata_columns, to_table
 from .tasks import P0, P1, TaskQueue
@@ -72,8 +74,14 @@ class ReplayBuffer:
         push_timeout_s: float = 60.0,
         key_prefix: str | None = None,
         duckdb_threads: int | None = None,
+        progress: Any = None,
     ) -> ReplayBuffer:
-        """Open (creating or recovering) the buffer stored in directory ``path``."""
+        """Open (creating or recovering) the buffer stored in directory ``path``.
+
+        ``lake`` is the cold tier's fsspec URL (default ``<path>/lake``). An empty or missing ``path``
+        whose ``run_id`` has committed snapshots in ``lake`` is restored from the last one, eagerly
+        (every row written to the warm tier before ``open`` returns; ``progress(done, total)``).
+        """
         return cls(
             Path(path),
             lake=lake,
@@ -87,7 +95,15 @@ class ReplayBuffer:
             push_timeout_s=push_timeout_s,
             key_prefix=key_prefix,
             duckdb_threads=duckdb_threads,
+            progress=progress,
         )
+
+    @classmethod
+    def open_lake(cls, url: str, storage_options: dict | None = None, run_id: str | None = None):
+        """A read-only view over every run in the lake at ``url`` (same ``sql``/``sample``/``get``)."""
+        from .lakeview import LakeView
+
+        return LakeView(url, storage_options=storage_options, run_id=run_id)
 
     def __init__(
         self,
@@ -104,6 +120,7 @@ class ReplayBuffer:
         push_timeout_s: float,
         key_prefix: str | None,
         duckdb_threads: int | None,
+        progress: Any = None,
     ) -> None:
         if durability not in _DURABILITY:
             raise ValueError(f"durability must be one of {_DURABILITY}, not {durability!r}")
@@ -126,8 +143,10 @@ class ReplayBuffer:
                 push_timeout_s=push_timeout_s,
                 key_prefix=key_prefix,
                 duckdb_threads=duckdb_threads,
+                progress=progress,
             )
         except BaseException:
+            self._shutdown_parts()
             self._release_dir_lock()
             raise
 
@@ -152,9 +171,10 @@ class ReplayBuffer:
             self._lockfile = None
 
     def _open_parts(self, *, lake, memory_limit_mb, snapshot_interval_s, storage_options, schema, run_id,
-                    durability, sync, push_timeout_s, key_prefix, duckdb_threads) -> None:
+                    durability, sync, push_timeout_s, key_prefix, duckdb_threads, progress) -> None:
         self.index = KeyIndex(self.path / "index")
         stored_run = self.index.get_setting("run_id")
+        fresh = stored_run is None
         self.run_id = run_id or (stored_run.decode() if stored_run else self.path.resolve().name)
         if stored_run is None:
             self.index.put_setting("run_id", self.run_id.encode())
@@ -167,7 +187,13 @@ class ReplayBuffer:
         self.memory_limit_bytes = int(memory_limit_mb * 2**20)
         self.snapshot_interval_s = snapshot_interval_s
         self.storage_options = storage_options
-        self.lake_url = lake
+        self.lake_url = lake or str(self.path / "lake")
+        self.lake = Lake(self.lake_url, storage_options)  # a missing bucket fails here, clearly
+        self._snap_lock = threading.Lock()
+        self._snapshot_pending = False
+        self._last_snapshot: dict[str, Any] = {"id": None, "at": None, "error": None, "rows": 0, "files": 0, "bytes": 0}
+        self._stop = threading.Event()
+        self._timer: threading.Thread | None = None
         self.meta_columns = metadata_columns(self.schema)
         self._lock = threading.RLock()
         self._space = threading.Condition(self._lock)
@@ -179,9 +205,29 @@ class ReplayBuffer:
         self._catalog = Catalog(self.schema, self.meta_columns, threads=duckdb_threads)
         self._catalog.set_syncer(self._sync_catalog)
         self._synced = (-1, -1)
-        self.tasks = TaskQueue(workers=1)
+        # two workers: a long snapshot upload (p0) must not stall write-back (p1), or pushes would block
+        self.tasks = TaskQueue(workers=2)
         self._batches: dict[int, BatchInfo] = {}
         self._recover()
+        if fresh:
+            self._restore_from_lake(progress)
+        self._refresh_cold()
+        if snapshot_interval_s and snapshot_interval_s > 0:
+            self._timer = threading.Thread(target=self._snapshot_timer, name="lakebuffer-snapshots", daemon=True)
+            self._timer.start()
+
+    def _shutdown_parts(self) -> None:
+        """Release what a failed open had started (best effort)."""
+        stop = getattr(self, "_stop", None)
+        if stop is not None:
+            stop.set()
+        for name in ("tasks", "_catalog", "index"):
+            part = getattr(self, name, None)
+            if part is not None:
+                try:
+                    part.close()
+                except Exception:  # noqa: BLE001 - already failing; the first error is what matters
+                    pass
 
     def _resolve_schema(self, user: pa.Schema | None) -> pa.Schema:
         stored = self.index.get_setting("schema")
@@ -286,6 +332,8 @@ class ReplayBuffer:
         """
         self._check()
         table = self._conform(batch)
+        if table.num_rows and pc.any(pc.not_equal(table.column("run_id"), self.run_id)).as_py():
+            raise SchemaError(f"column 'run_id' must be this buffer's run {self.run_id!r} (or absent)")
         if table.num_rows == 0:
             return pa.array([], pa.string())
         table = table.combine_chunks()
@@ -606,6 +654,8 @@ class ReplayBuffer:
                     self.wal.remove(bid)
             else:
                 warm_gone.extend(removed)
+            if info.snapshot is not None:
+                self.index.add_tombstones(removed)  # the lake holds them: the next snapshot hides them
             self.index.rewrite_batch(info, removed, positions, new_meta)
             if info.rows == 0:
                 self._batches.pop(bid)
@@ -631,6 +681,194 @@ class ReplayBuffer:
             self._write_back([v.batch_id for v in victims[i : i + 64]])
         self.flush()
 
+    # cold tier --------------------------------------------------------------------------
+    def snapshot(self, wait: bool = True, progress: Any = None) -> dict | None:
+        """Upload what is new since the last snapshot (and deletes) to the lake as one commit.
+
+        ``wait=True`` returns the committed manifest (None when nothing was new) and raises
+        ``LakeError`` on failure; ``wait=False`` queues it (p0) and returns None at once.
+        """
+        self._check()
+        fut = self.tasks.submit(P0, lambda: self._snapshot_now(progress), name="snapshot", surface=False)
+        if not wait:
+            return None
+        return fut.result()
+
+    def _snapshot_timer(self) -> None:
+        """Queue a snapshot every ``snapshot_interval_s``; a failure is retried at the next tick."""
+        while not self._stop.wait(self.snapshot_interval_s):
+            with self._lock:
+                if self._snapshot_pending:
+                    continue
+                self._snapshot_pending = True
+            try:
+                self.tasks.submit(P0, self._periodic_snapshot, name="periodic snapshot", surface=False)
+            except Exception:  # noqa: BLE001 - the queue is closing
+                return
+
+    def _periodic_snapshot(self) -> None:
+        try:
+            self._snapshot_now()
+        finally:
+            with self._lock:
+                self._snapshot_pending = False
+
+    def _snapshot_now(self, progress: Any = None) -> dict | None:
+        with self._snap_lock:
+            try:
+                return self._snapshot_locked(progress)
+            except LakeError as e:
+                self._last_snapshot["error"] = str(e)
+                log.error("snapshot to %s failed (it is retried at the next one): %s", self.lake_url, e)
+                raise
+            except BaseException as e:
+                self._last_snapshot["error"] = f"{type(e).__name__}: {e}"
+                raise
+
+    def _snapshot_locked(self, progress: Any) -> dict | None:
+        self._reconcile_with_lake()
+        with self._lock:
+            pending = sorted(b for b, i in self._batches.items() if i.snapshot is None)
+            tombstones = self.index.tombstones()
+            next_seq = self.index.next_seq
+        if not pending and not tombstones:
+            return None
+        total = sum(self._batches[b].rows for b in pending if b in self._batches)
+        done = 0
+        included: list[int] = []
+
+        def rows():
+            nonlocal done
+            for bid in pending:
+                t = self._read_batch(bid)
+                if t is None:
+                    continue
+                included.append(bid)
+                done += t.num_rows
+                if progress is not None:
+                    progress(done, total)
+                yield t
+
+        manifest = self.lake.commit_snapshot(
+            self.run_id, rows(), tombstones, meta={"batches": pending, "next_seq": next_seq}, force=bool(tombstones)
+        )
+        with self._lock:
+            infos = []
+            for bid in included:
+                info = self._batches.get(bid)
+                if info is not None:
+                    info.snapshot = manifest["snapshot_id"] if manifest else -1
+                    infos.append(info)
+            self.index.set_batches(infos)
+            self.index.clear_tombstones(tombstones)
+        if manifest:
+            self.index.put_setting("last_snapshot", str(manifest["snapshot_id"]).encode())
+            self._last_snapshot.update(id=manifest["snapshot_id"], at=time.time(), error=None)
+            self._refresh_cold()
+        return manifest
+
+    def _read_batch(self, bid: int) -> pa.Table | None:
+        """Every live row of one batch, all columns, with live replay counts (for snapshots)."""
+        with self._lock:
+            info = self._batches.get(bid)
+            if info is None:
+                return None
+            hb = self.hot.get(bid, touch=False)
+            if hb is not None:
+                table = hb.table
+            else:
+                meta = self.index.batch_meta(bid)
+                keys = meta.column("key").to_pylist()
+                _, pos, _ = self.index.lookup(keys)
+                frag, offset = info.fragment, info.offset
+        if hb is None:
+            table = self.warm.take(frag, offset + pos, list(self.schema.names))
+        return self._with_live_counts(table)
+
+    def _reconcile_with_lake(self) -> None:
+        """Mark batches a committed snapshot holds although the index missed it (crash after commit)."""
+        last = self.index.get_setting("last_snapshot")
+        seen = int(last.decode()) if last else 0
+        newer = [sid for sid in self.lake.snapshots(self.run_id) if sid > seen]
+        if not newer:
+            return
+        with self._lock:
+            infos = []
+            for sid in newer:
+                for bid in self.lake.manifest(self.run_id, sid).get("meta", {}).get("batches", []):
+                    info = self._batches.get(bid)
+                    if info is not None and info.snapshot is None:
+                        info.snapshot = sid
+                        infos.append(info)
+            self.index.set_batches(infos)
+            self.index.put_setting("last_snapshot", str(newer[-1]).encode())
+
+    def _restore_from_lake(self, progress: Any) -> None:
+        """Fill a fresh directory with this run's rows as of its last committed snapshot."""
+        try:
+            manifest = self.lake.latest_manifest(self.run_id)
+        except LakeError as e:
+            log.warning("cannot check the lake for run %r to restore: %s", self.run_id, e)
+            return
+        if manifest is None:
+            return
+        total = sum(int(f["rows"]) for f in manifest["files"])
+        done = 0
+        names = list(self.schema.names)
+        for rb in self.lake.scan_batches(self.run_id, snapshot_id=manifest["snapshot_id"]):
+            table = pa.Table.from_batches([rb])
+            table = table.select([c for c in names if c in table.column_names])
+            table = conform(table, self.schema, run_id=self.run_id, now=_now_us(), keys=None)
+            bid = self.index.reserve_batch()
+            frag, ds = self.warm.append(table)
+            info = BatchInfo(batch_id=bid, tier="warm", rows=table.num_rows, fragment=frag.fragment_id,
+                             files=list(frag.files), checksum=frag.checksum, nbytes=frag.nbytes,
+                             snapshot=manifest["snapshot_id"])
+            meta = self._meta_of(bid, table)
+            self.index.record_batch(info, table.column("key").to_pylist(), meta.drop_columns(["_batch"]))
+            with self._lock:
+                self.warm.publish(ds)
+                self._batches[bid] = info
+                self._catalog.insert_meta(meta)
+            done += table.num_rows
+            if progress is not None:
+                progress(done, total)
+        self.index.set_next_seq(int(manifest.get("meta", {}).get("next_seq", 0)))
+        self.index.put_setting("last_snapshot", str(manifest["snapshot_id"]).encode())
+        self._last_snapshot.update(id=manifest["snapshot_id"], at=None, error=None)
+        log.info("restored %d rollouts of run %r from %s (snapshot %s)", done, self.run_id, self.lake_url,
+                 manifest["snapshot_id"])
+
+    def _refresh_cold(self) -> None:
+        """Point the ``cold`` (this run) and ``lake`` (all runs) views at the committed snapshots."""
+        try:
+            st = self.lake.stats(self.run_id)
+            with self._catalog.lock:
+                self.lake.register(self._catalog.con, "cold", run_id=self.run_id)
+                self.lake.register(self._catalog.con, "lake")
+        except LakeError as e:
+            log.warning("lake %s is not readable now: %s", self.lake_url, e)
+            return
+        self._last_snapshot.update(rows=st["rows"], files=st["files"], bytes=st["bytes"])
+        if self._last_snapshot["id"] is None:
+            self._last_snapshot["id"] = st["last_snapshot_id"].get(self.run_id)
+
+    def _cold_stats(self) -> dict[str, Any]:
+        ls = self._last_snapshot
+        return {
+            "rows": ls["rows"], "files": ls["files"], "bytes": ls["bytes"], "last_snapshot_id": ls["id"],
+            "last_snapshot_age_s": (time.time() - ls["at"]) if ls["at"] else None,
+            "last_error": ls["error"], "url": self.lake_url,
+        }
+
+    def compact(self, target_file_bytes: int = 256 * 2**20, progress: Any = None) -> dict:
+        """Rewrite this run's lake files into files of about ``target_file_bytes`` (see ``Lake.compact``)."""
+        self._check()
+        with self._snap_lock:
+            res = self.lake.compact(self.run_id, target_file_bytes=target_file_bytes, progress=progress)
+        self._refresh_cold()
+        return res
+
     # introspection ------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """Rows, bytes and files per tier, queue depths and latencies."""
@@ -646,7 +884,7 @@ class ReplayBuffer:
             "rows": hot["rows"] + warm["rows"],
             "hot": hot,
             "warm": warm,
-            "cold": {"rows": 0, "files": 0, "last_snapshot_id": None, "url": self.lake_url},
+            "cold": self._cold_stats(),
             "wal": {"segments": len(wal_ids), "bytes": self.wal.nbytes()},
             "queues": self.tasks.stats(),
             "durability": self.durability,
@@ -661,9 +899,17 @@ class ReplayBuffer:
         if self._closed:
             return
         try:
+            self._stop.set()
+            if self._timer is not None:
+                self._timer.join()
             self.tasks.drain()
             if self.durability == "memory":
                 self.evict_all()
+            if self.snapshot_interval_s and self.snapshot_interval_s > 0:
+                try:
+                    self._snapshot_now()
+                except LakeError as e:
+                    log.warning("final snapshot on close failed (data is safe locally): %s", e)
             self.tasks.close()
             self.tasks.check()
         finally:

@@ -34,7 +34,10 @@ def check_predicate(where: str | None) -> str:
 class Catalog:
     """Thread-safe wrapper around one DuckDB connection (DuckDB connections are not)."""
 
-    def __init__(self, schema: pa.Schema, meta_columns: list[str], threads: int | None = None) -> None:
+    def __init__(
+        self, schema: pa.Schema, meta_columns: list[str], threads: int | None = None, native_meta: bool = True
+    ) -> None:
+        """``native_meta=False`` (read-only lake views): ``meta`` and the views are defined by the caller."""
         self.schema = schema
         self.meta_columns = meta_columns
         self.lock = threading.RLock()
@@ -44,15 +47,16 @@ class Catalog:
         self._empty = schema.empty_table()
         meta_schema = pa.schema([schema.field(c) for c in meta_columns] + [pa.field("_batch", pa.int64())])
         self.meta_schema = meta_schema
-        self.con.register("meta_seed", meta_schema.empty_table())
-        self.con.execute(sql_text("meta_table"))
-        self.con.unregister("meta_seed")
         self._hot_version = -1
         self._pending: list[pa.Table] = []
         self._warm_obj: Any = None
         self._cold_sql = ""
         self._syncer: Callable[[], None] | None = None
-        self.register_tiers([], None)
+        if native_meta:
+            self.con.register("meta_seed", meta_schema.empty_table())
+            self.con.execute(sql_text("meta_table"))
+            self.con.unregister("meta_seed")
+            self.register_tiers([], None)
 
     # registration ------------------------------------------------------------------------
     def register_tiers(self, hot_tables: list[pa.Table], warm_dataset: Any, cold_sql: str = "") -> None:

@@ -215,6 +215,32 @@ class KeyIndex:
             b, p = _LOC.unpack(v)
             yield k[2:].decode(), b, p
 
+    # tombstones: deletes of rows the lake already holds, carried by the next snapshot
+    def add_tombstones(self, keys: Iterable[str]) -> None:
+        wb = WriteBatch(raw_mode=True)
+        for k in keys:
+            wb.put(b"d/" + k.encode(), b"")
+        self._db.write(wb)
+
+    def tombstones(self) -> list[str]:
+        return [k[2:].decode() for k, _ in self._scan(b"d/")]
+
+    def clear_tombstones(self, keys: Iterable[str]) -> None:
+        wb = WriteBatch(raw_mode=True)
+        for k in keys:
+            wb.delete(b"d/" + k.encode())
+        self._db.write(wb)
+
+    def set_next_seq(self, value: int) -> None:
+        """Move the key sequence past restored keys (never backwards)."""
+        with self._lock:
+            self._next_seq = max(self._next_seq, int(value))
+            self._db[b"c/next_seq"] = _U64.pack(self._next_seq)
+
+    @property
+    def next_seq(self) -> int:
+        return self._next_seq
+
     def checkpoint(self, dest: Path) -> None:
         """A consistent copy of the index (for snapshots), via RocksDB checkpoints."""
         from rocksdict import Checkpoint

@@ -31,6 +31,7 @@ class _Task:
     fn: Callable[[], Any]
     name: str
     queued_at: float
+    surface: bool = True
     future: Future = field(default_factory=Future)
 
 
@@ -74,9 +75,13 @@ class TaskQueue:
         for t in self._threads:
             t.start()
 
-    def submit(self, priority: int, fn: Callable[[], Any], name: str = "") -> Future:
-        """Queue ``fn``; its Future carries the result or the exception."""
-        task = _Task(fn, name or getattr(fn, "__name__", "task"), time.perf_counter())
+    def submit(self, priority: int, fn: Callable[[], Any], name: str = "", surface: bool = True) -> Future:
+        """Queue ``fn``; its Future carries the result or the exception.
+
+        ``surface=False`` for tasks whose caller handles the failure itself (waits on the future,
+        or records it), so it is not raised a second time by ``check()``.
+        """
+        task = _Task(fn, name or getattr(fn, "__name__", "task"), time.perf_counter(), surface)
         with self._cv:
             if self._stopping:
                 raise WorkerError("the task queue is stopped")
@@ -110,9 +115,9 @@ class TaskQueue:
             try:
                 result = task.fn()
             except BaseException as e:  # surfaced through check() and the future
-                log.exception("background task %s failed", task.name)
+                log.log(logging.ERROR if task.surface else logging.WARNING, "background task %s failed: %s", task.name, e)
                 with self._cv:
-                    if self._error is None:
+                    if self._error is None and task.surface:
                         self._error, self._error_task = e, task.name
                 task.future.set_exception(e)
             else:

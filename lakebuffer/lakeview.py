@@ -1,0 +1,149 @@
+"""``ReplayBuffer.open_lake``: a read-only view over every run in a lake, for cross-run reuse.
+
+The same ``sql``/``sample``/``get``/``scan`` as a live buffer, over the committed snapshots of all
+runs (pinned when opened; ``refresh()`` to see newer ones). Replays are not counted here: the lake
+is read-only, so ``max_reuse`` sees the counts as of each run's last snapshot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from . import samplers as _samplers
+from .catalog import Catalog, check_predicate
+from .errors import ClosedError, KeyNotFoundError, QueryError, ReadOnlyError, SchemaError
+from .lake import Lake
+from .resources import sql_text
+from .schema import metadata_columns
+
+
+class LakeView:
+    """Read-only buffer-like access to a lake (``open_lake``)."""
+
+    def __init__(self, url: str, storage_options: dict | None = None, run_id: str | None = None) -> None:
+        self.lake = Lake(url, storage_options, read_only=True)
+        self.url = self.lake.url
+        self.run_id = run_id
+        self._closed = False
+        self.schema = self.lake.schema(run_id)
+        self.meta_columns = [c for c in metadata_columns(self.schema) if c != "policy_bucket"]
+        self._catalog = Catalog(self.schema, self.meta_columns, native_meta=False)
+        self.refresh()
+
+    def refresh(self) -> None:
+        """See snapshots committed since the view was opened."""
+        with self._catalog.lock:
+            self.lake.register(self._catalog.con, "rollouts", run_id=self.run_id)
+            cols = ", ".join(f'"{c}"' for c in self.meta_columns)
+            self._catalog.con.execute(sql_text("lake_meta_view").replace("{columns}", cols))
+
+    def _check(self) -> None:
+        if self._closed:
+            raise ClosedError("this lake view is closed")
+
+    @property
+    def runs(self) -> list[str]:
+        return self.lake.runs()
+
+    def sql(self, query: str, params: list | dict | None = None) -> pa.Table:
+        """DuckDB SQL over ``rollouts`` (= ``lake`` = ``cold``: every run) and ``meta``."""
+        self._check()
+        return self._catalog.query(query, params)
+
+    def sample(
+        self,
+        n: int,
+        where: str | None = None,
+        sampler: Any = "uniform",
+        columns: Sequence[str] | None = None,
+        seed: int | None = 0,
+        return_keys: bool = False,
+        **options: Any,
+    ) -> pa.Table | pa.Array:
+        """Same contract as ``ReplayBuffer.sample``, over the lake's rows."""
+        self._check()
+        strategy = _samplers.resolve(sampler, **options)
+        check_predicate(where)
+        keys = strategy.sample(self._catalog, int(n), where, np.random.default_rng(seed))
+        if isinstance(keys, pa.ChunkedArray):
+            keys = keys.combine_chunks()
+        return keys if return_keys else self.get(keys, columns)
+
+    def get(self, keys: Sequence[str] | pa.Array, columns: Sequence[str] | None = None) -> pa.Table:
+        """Rows for ``keys`` in the given order (a scan of the key column with file pruning by key)."""
+        self._check()
+        keys = keys.to_pylist() if isinstance(keys, (pa.Array, pa.ChunkedArray)) else list(keys)
+        cols = list(columns) if columns is not None else list(self.schema.names)
+        bad = [c for c in cols if c not in self.schema.names]
+        if bad:
+            raise SchemaError(f"unknown column {bad[0]!r}")
+        fetch = cols if "key" in cols else [*cols, "key"]
+        wanted = pa.table({"key": pa.array(keys, pa.string())})
+        sql = sql_text("lake_get").replace("{columns}", ", ".join(f'r."{c}"' for c in fetch))
+        found = self._catalog.query(sql, sync=False, wanted=wanted)
+        uniq = len(set(keys))
+        if found.num_rows < uniq:
+            missing = set(keys) - set(found.column("key").to_pylist())
+            raise KeyNotFoundError(f"key {sorted(missing)[0]!r} is not in the lake")
+        pos = pc.index_in(wanted.column("key"), value_set=found.column("key"))
+        return found.take(pos).select(cols)
+
+    def scan(self, where: str | None = None, columns: Sequence[str] | None = None, batch_size: int = 4096) -> Iterator[pa.RecordBatch]:
+        """Stream matching rows as record batches (a private DuckDB connection; bounded memory)."""
+        self._check()
+        pred = check_predicate(where)
+        cols = list(columns) if columns is not None else list(self.schema.names)
+        con = duckdb.connect()
+        try:
+            self.lake.register(con, "rollouts", run_id=self.run_id)
+            sql = sql_text("lake_scan").replace("{columns}", ", ".join(f'"{c}"' for c in cols)).replace("{where}", pred)
+            try:
+                reader = con.sql(sql).to_arrow_reader(batch_size)
+            except duckdb.Error as e:
+                raise QueryError(f"{type(e).__name__}: {e}") from e
+            yield from reader
+        finally:
+            con.close()
+
+    def stats(self) -> dict[str, Any]:
+        self._check()
+        st = self.lake.stats(self.run_id)
+        return {"run_id": self.run_id, "url": self.url, "runs": self.lake.runs(), "cold": st}
+
+    def compact(self, target_file_bytes: int = 256 * 2**20, progress: Any = None) -> dict:
+        """Compaction of every run (needs a writable lake handle: opened separately)."""
+        self._check()
+        writable = Lake(self.url, self.lake.storage_options)
+        return writable.compact(self.run_id, target_file_bytes=target_file_bytes, progress=progress)
+
+    def __len__(self) -> int:
+        return int(self.sql("SELECT count(*) FROM meta").column(0)[0].as_py())
+
+    def push(self, *_: Any, **__: Any) -> None:
+        raise ReadOnlyError("a lake view is read-only; push into a ReplayBuffer")
+
+    def delete(self, *_: Any, **__: Any) -> None:
+        raise ReadOnlyError("a lake view is read-only; delete through the run's ReplayBuffer")
+
+    def snapshot(self, *_: Any, **__: Any) -> None:
+        raise ReadOnlyError("a lake view is read-only; snapshots come from a ReplayBuffer")
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._catalog.close()
+
+    def __enter__(self) -> LakeView:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"LakeView({self.url!r})"
