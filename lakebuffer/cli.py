@@ -316,7 +316,10 @@ def restore(
 
     def go() -> None:
         from .buffer import ReplayBuffer
+        from .lake import Lake
 
+        if Lake(lake, _storage_options(storage_options), read_only=True).latest_manifest(run_id) is None:
+            raise LakeBufferError(f"lake {lake} holds no committed snapshot of run {run_id!r}")
         with _progress() as prog:
             task = prog.add_task("restore", total=None)
             with ReplayBuffer.open(path, lake=lake, run_id=run_id, storage_options=_storage_options(storage_options),
