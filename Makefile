@@ -20,7 +20,7 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/lakebuffer demo
 
 test: $(VENV)/.installed-dev
-	$(VENV)/bin/ruff check lakebuffer tests benchmarks
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo 'pytest collected no tests' >&2; exit 1; fi; exit $$rc
 
 bench: $(VENV)/.installed-dev

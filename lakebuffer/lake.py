@@ -623,7 +623,14 @@ class Lake:
             raise LakeError(f"{what} on lake {self.url} failed: {type(e).__name__}: {e}") from e
 
     def _cat(self, rel: str) -> bytes:
-        return self._io(f"reading {rel}", self.fs.cat_file, self._abs(rel))
+        path = self._abs(rel)
+        try:
+            return self._io(f"reading {rel}", self.fs.cat_file, path)
+        except FileNotFoundError:
+            # a filesystem with a listings cache may answer from a stale listing: ask again
+            with contextlib.suppress(Exception):
+                self.fs.invalidate_cache(path)
+            return self._io(f"reading {rel}", self.fs.cat_file, path)
 
     def _open_sink(self, rel: str) -> _UploadSink:
         path = self._abs(rel)
@@ -1174,7 +1181,11 @@ class Lake:
             }
             rel = self._manifest_rel(run_id, sid)
             data = json.dumps(manifest, separators=(",", ":")).encode()
-            if self._io(f"committing snapshot {sid} of run {run_id!r}", self._put_exclusive, rel, data):
+            try:
+                created = self._put_exclusive(rel, data)
+            except Exception as e:
+                created = self._commit_outcome(run_id, sid, token, e)
+            if created:
                 with self._lock:
                     self._manifest_cache[(run_id, sid)] = manifest
                 return manifest
@@ -1185,6 +1196,22 @@ class Lake:
                 return other
             parent = self.latest_manifest(run_id)
         raise LakeError(f"could not commit to run {run_id!r} of lake {self.url}: too many concurrent commits")
+
+    def _commit_outcome(self, run_id: str, sid: int, token: str, error: Exception) -> bool:
+        """After a failed manifest write: True if it landed anyway (a lost reply), else raise."""
+        what = f"committing snapshot {sid} of run {run_id!r} to lake {self.url} failed ({type(error).__name__}: {error})"
+        try:
+            other = json.loads(self._cat(self._manifest_rel(run_id, sid)))
+        except FileNotFoundError:
+            raise LakeError(f"{what}; nothing was committed") from error
+        except Exception:
+            raise LakeError(
+                f"{what} and the store did not answer the check: the snapshot is either fully visible or not at all; "
+                "look at latest_manifest() (e.g. a token in meta) before retrying"
+            ) from error
+        if other.get("commit_token") == token:
+            return True
+        return False  # someone else's commit: rebase
 
     def commit_snapshot(
         self,

@@ -345,6 +345,7 @@ class TorchRLStore:
     LLM rollouts in TensorDict storage. Keys are the storage indices. TorchRL has no predicate
     sampling: selection masks the stored ``reward``/``policy_version`` tensors with torch ops and
     draws 256 matching indices. Writes land in the page cache (no fsync); ``dumps`` persists.
+    ``torch.set_num_threads(1)`` (see ``__init__``).
     """
 
     name = "torchrl"
@@ -353,6 +354,9 @@ class TorchRLStore:
         import torch
         from torchrl.data import LazyMemmapStorage, ReplayBuffer
 
+        # one intra-op thread: with two, every small elementwise op on this 2-core VM waits ~16 ms
+        # on OpenMP wake-ups (0.5 ms with one); the fair setting for a latency benchmark
+        torch.set_num_threads(1)
         self.torch = torch
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -382,9 +386,12 @@ class TorchRLStore:
         pass
 
     def _columns(self) -> tuple[Any, Any]:
+        """Zero-copy plain-tensor views of the stored columns (ops on ``MemoryMappedTensor`` itself
+        go through its ``__torch_function__`` and cost ~300x more; a tuned user avoids that)."""
         n = len(self.rb)
         st = self.rb.storage._storage
-        return st["reward"][:n], st["policy_version"][:n]
+        plain = self.torch.Tensor
+        return st["reward"].as_subclass(plain)[:n], st["policy_version"].as_subclass(plain)[:n]
 
     def sample_keys(self, n: int, reward_gt: float, version_ge: int, seed: int) -> list[Any]:
         reward, version = self._columns()

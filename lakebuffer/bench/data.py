@@ -2,8 +2,8 @@
 
 Everything is vectorised NumPy/Arrow (no per-row Python), so 2 GB of rollouts costs a few seconds.
 Token ids and log-probs are cut from a seeded random pool instead of drawn afresh: drawing is as
-slow as the systems under test, and a 16 M-entry pool repeats far beyond any compressor's window,
-so compression ratios stay those of random tokens.
+slow as the systems under test, and a 4 M-entry pool repeats far beyond any compressor's window
+(zstd's is at most 8 MiB at the levels used), so compression ratios stay those of random tokens.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from ..schema import ROLLOUT_SCHEMA
 
 GROUP_SIZE = 8  # GRPO: responses per prompt
 VOCAB = 151_936  # a Qwen-sized vocabulary (17 bits of entropy per int32 token)
-_POOL = 1 << 24
+_POOL = 1 << 22  # 16 MiB of tokens: repeats far beyond any page/compressor window
 _EPOCH_US = 1_767_225_600_000_000  # 2026-01-01T00:00:00Z
 
 

@@ -31,7 +31,12 @@ class LakeBufferStore:
         self.buf = lb.ReplayBuffer.open(str(self.root), **kw)
 
     def prepare(self, table: pa.Table) -> pa.Table:
-        return table
+        """The generated rows minus ``key`` and ``run_id``, which the buffer assigns itself.
+
+        The buffer stamps its own run_id (another run's is refused), and generated keys are the
+        default path: caller-supplied keys add a duplicate check against the index on every push.
+        """
+        return table.drop_columns([c for c in ("key", "run_id") if c in table.column_names])
 
     def push(self, table: pa.Table) -> None:
         self.buf.push(table)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -31,7 +33,9 @@ def latency_loop(fn: Callable[[int], Any], *, min_trials: int, max_trials: int, 
     """Call ``fn(trial)`` until ``max_trials`` or ``max_seconds`` (after ``min_trials``); p50/p99 in ms.
 
     The cap keeps a 2 s-per-call baseline from eating the whole run while still giving it a median.
+    The first call (cold caches, catalog registration) is reported apart as ``first_ms``.
     """
+    first, _ = timed(lambda: fn(-1))
     times: list[float] = []
     start = time.perf_counter()
     for i in range(max_trials):
@@ -44,8 +48,21 @@ def latency_loop(fn: Callable[[int], Any], *, min_trials: int, max_trials: int, 
         "p99_ms": percentile(times, 99) * 1e3,
         "mean_ms": sum(times) / len(times) * 1e3,
         "trials": len(times),
+        "first_ms": first * 1e3,
     }
 
 
 def gbps(nbytes: float, seconds: float) -> float:
     return nbytes / seconds / 1e9 if seconds > 0 else float("inf")
+
+
+@contextlib.contextmanager
+def quiet_gc() -> Iterator[None]:
+    """Collect, then freeze what exists, so one system's millions of live Python objects (the
+    deque's rows, the score index) do not bill their GC passes to the system being timed."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()

@@ -1,5 +1,11 @@
 """Sampling strategies, built by name or by class: ``lakebuffer.samplers.get("uniform")``.
 
+Registered: ``uniform``, ``prioritized_time``, ``freshness``, ``reward``, ``success_blend``,
+``group``, ``episode``, ``segment``, ``team``, ``max_reuse``, ``priority`` (each class's
+docstring lists its options). All select keys from metadata only, combine with a SQL ``where``,
+are deterministic given the seed, and raise ``NotEnoughRowsError`` when short (unless built with
+``allow_fewer=True``).
+
 ``register(name, cls)`` adds a user's own; ``resolve`` turns what ``ReplayBuffer.sample`` was given
 (a name, a class or an instance) into a sampler.
 """
@@ -9,6 +15,17 @@ from __future__ import annotations
 from typing import Any
 
 from .base import Sampler
+from .episode import EpisodeSampler
+from .filtered import FilteredSampler
+from .freshness import FreshnessSampler
+from .group import GroupSampler
+from .max_reuse import MaxReuseSampler
+from .prioritized_time import PrioritizedTimeSampler
+from .priority import PrioritySampler, WeightedSampler
+from .reward import RewardSampler
+from .segment import SegmentSampler
+from .success_blend import SuccessBlendSampler
+from .team import TeamSampler
 from .uniform import UniformSampler
 
 _REGISTRY: dict[str, type[Sampler]] = {}
@@ -49,6 +66,39 @@ def resolve(sampler: str | Sampler | type[Sampler] | None, **options: Any) -> Sa
     raise TypeError(f"sampler must be a name, a Sampler class or instance, not {type(sampler).__name__}")
 
 
-register("uniform", UniformSampler)
+for _cls in (
+    UniformSampler,
+    PrioritizedTimeSampler,
+    FreshnessSampler,
+    RewardSampler,
+    SuccessBlendSampler,
+    GroupSampler,
+    EpisodeSampler,
+    SegmentSampler,
+    TeamSampler,
+    MaxReuseSampler,
+    PrioritySampler,
+):
+    register(_cls.name, _cls)
+del _cls
 
-__all__ = ["Sampler", "UniformSampler", "get", "names", "register", "resolve"]
+__all__ = [
+    "EpisodeSampler",
+    "FilteredSampler",
+    "FreshnessSampler",
+    "GroupSampler",
+    "MaxReuseSampler",
+    "PrioritizedTimeSampler",
+    "PrioritySampler",
+    "RewardSampler",
+    "Sampler",
+    "SegmentSampler",
+    "SuccessBlendSampler",
+    "TeamSampler",
+    "UniformSampler",
+    "WeightedSampler",
+    "get",
+    "names",
+    "register",
+    "resolve",
+]
