@@ -23,6 +23,11 @@ from .errors import CorruptionError
 
 log = logging.getLogger("lakebuffer.warm")
 
+#: Lance file format of the warm tier. Measured here on 2 cores with 2k-token rollouts: format 2.0
+#: writes ~1.0 GB/s, the 2.2 default ~0.2 GB/s (its adaptive compression buys ~20% disk on random
+#: token ids, not worth a 5x slower write-back for a local, short-lived tier).
+WARM_STORAGE_VERSION = "2.0"
+
 
 @dataclass(frozen=True)
 class FragmentInfo:
@@ -74,6 +79,7 @@ class WarmTier:
                 schema=self.schema,
                 mode=mode,
                 max_rows_per_file=max(table.num_rows, 1),
+                data_storage_version=WARM_STORAGE_VERSION,
             )
             new = [f for f in ds.get_fragments() if f.fragment_id > prev_max]
             if len(new) != 1:
