@@ -179,7 +179,8 @@ def test_backpressure_raises_and_drops_nothing(tmp_path):
     buf = lb.ReplayBuffer.open(tmp_path, memory_limit_mb=1, snapshot_interval_s=0, push_timeout_s=0.2)
     try:
         gate = threading.Event()
-        buf.tasks.submit(1, gate.wait, name="stall write-back")  # the p1 worker is busy: write-back lags
+        for _ in range(len(buf.tasks._threads)):  # every worker is busy: write-back lags
+            buf.tasks.submit(1, gate.wait, name="stall write-back")
         keys: list[str] = []
         with pytest.raises(lb.BackpressureError):
             for i in range(200):

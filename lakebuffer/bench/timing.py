@@ -35,7 +35,7 @@ def latency_loop(fn: Callable[[int], Any], *, min_trials: int, max_trials: int, 
     The cap keeps a 2 s-per-call baseline from eating the whole run while still giving it a median.
     The first call (cold caches, catalog registration) is reported apart as ``first_ms``.
     """
-    first, _ = timed(lambda: fn(-1))
+    first, _ = timed(lambda: fn(max_trials))  # a trial number the loop itself never uses
     times: list[float] = []
     start = time.perf_counter()
     for i in range(max_trials):

@@ -1,0 +1,226 @@
+"""Results out: the machine, clean JSON, a markdown summary table, and the sample-latency plot."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+_PACKAGES = ("lakebuffer", "pyarrow", "duckdb", "pylance", "rocksdict", "polars", "numpy", "s3fs", "moto", "torch", "torchrl", "tensordict")
+SYSTEM_ORDER = ("lakebuffer", "lakebuffer_memory", "numpy", "rocksdb_pickle", "deque", "torchrl", "s3", "disk", "memcpy")
+
+
+def machine() -> dict[str, Any]:
+    """Cores, RAM, CPU model and package versions (read from metadata: torch is never imported here)."""
+    import psutil
+
+    versions = {}
+    for p in _PACKAGES:
+        try:
+            versions["lance" if p == "pylance" else p] = metadata.version(p)
+        except metadata.PackageNotFoundError:
+            versions["lance" if p == "pylance" else p] = None
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {
+        "cores": cores,
+        "ram_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "cpu": cpu or platform.processor(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "versions": versions,
+    }
+
+
+def clean(obj: Any) -> Any:
+    """JSON-safe: NaN/inf become null, NumPy scalars become Python numbers."""
+    if isinstance(obj, dict):
+        return {str(k): clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [clean(v) for v in obj]
+    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
+        try:
+            obj = obj.item()
+        except (TypeError, ValueError):
+            return str(obj)
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    return str(obj)
+
+
+def write_json(results: dict[str, Any], path: str | Path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(clean(results), indent=2) + "\n")
+
+
+def _f(x: Any, nd: int = 3) -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, (int, float)):
+        if x != 0 and abs(x) < 10 ** -nd:
+            return f"{x:.1e}"
+        return f"{x:,.{nd}f}" if isinstance(x, float) else f"{x:,}"
+    return str(x)
+
+
+def _cell(fig: dict[str, Any] | None, key: str, nd: int = 3) -> str:
+    if fig is None:
+        return "—"
+    if "unavailable" in fig:
+        return "n/a"
+    if "error" in fig:
+        return "error"
+    if "skipped" in fig:
+        return "out of budget"
+    return _f(fig.get(key), nd)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def summary(results: dict[str, Any]) -> str:
+    """Markdown tables of the headline figures, one per scenario that ran."""
+    sc = results.get("scenarios", {})
+    parts: list[str] = []
+    m = results.get("machine", {})
+    parts.append(
+        f"machine: {m.get('cores')} cores, {m.get('ram_gb')} GB RAM, {m.get('cpu', '')}; python {m.get('python')}; "
+        f"quick={results.get('quick')}; {results.get('elapsed_s', 0):.0f} s"
+    )
+    lim = sc.get("limits")
+    if lim:
+        parts.append("### limits\n" + _table(
+            ["limit", "figure"],
+            [
+                ["memcpy GB/s", _cell(lim.get("memcpy"), "gbps", 2)],
+                ["disk write+fsync GB/s", _cell(lim.get("disk"), "write_gbps")],
+                ["disk cold read GB/s", _cell(lim.get("disk"), "read_gbps")],
+                ["s3 put GB/s (one object)", _cell(lim.get("s3"), "put_gbps")],
+                ["s3 get GB/s (one object)", _cell(lim.get("s3"), "get_gbps")],
+            ],
+        ))
+    ing = sc.get("ingest")
+    if ing and "error" not in ing:
+        rows = [[n, _cell(ing.get(n), "gbps"), _cell(ing.get(n), "push_p99_ms", 1), _cell(ing.get(n), "finish_s", 2)]
+                for n in ("lakebuffer", "lakebuffer_memory", "rocksdb_pickle", "deque", "torchrl") if n in ing]
+        rows.append(["disk write+fsync", _f(ing.get("disk", {}).get("write_gbps")), "", ""])
+        d = ing.get("data", {})
+        head = f"### ingest ({d.get('logical_bytes', 0) / 1e9:.2f} GB, budget {d.get('budget_mb')} MB)\n"
+        parts.append(head + _table(["system", "GB/s", "push p99 ms", "final flush s"], rows) + "\n\nratio: " + _ratios(ing.get("ratio")))
+    g = sc.get("get")
+    if g and "error" not in g:
+        rows = [[n, _cell(g.get(n), "mbps", 1), _cell(g.get(n), "p50_ms", 2), _cell(g.get(n), "p99_ms", 2)]
+                for n in ("lakebuffer", "rocksdb_pickle", "deque", "torchrl") if n in g]
+        parts.append("### get response_ids of 256 sampled keys\n" + _table(["system", "MB/s", "p50 ms", "p99 ms"], rows)
+                     + "\n\nratio: " + _ratios(g.get("ratio")))
+    s = sc.get("sample")
+    if s and "error" not in s:
+        sizes = sorted({int(k) for v in s.values() if isinstance(v, dict) for k in v.get("by_size", {})})
+        header = ["system"] + [f"{n:,} p50 / p99 ms" for n in sizes] + ["build rows/s"]
+        rows = []
+        for n in ("lakebuffer", "numpy", "rocksdb_pickle", "deque", "torchrl"):
+            fig = s.get(n)
+            if fig is None:
+                continue
+            if "by_size" not in fig:
+                rows.append([n] + [_cell(fig, "p50_ms")] * len(sizes) + ["—"])
+                continue
+            cells = []
+            for size in sizes:
+                c = fig["by_size"].get(str(size))
+                cells.append(f"{_cell(c, 'p50_ms', 2)} / {_cell(c, 'p99_ms', 2)}" if c and "p50_ms" in c else _cell(c, "p50_ms"))
+            rows.append([n] + cells + [_f(fig.get("build_rows_per_s"), 0)])
+        parts.append("### sample 256 keys, reward > 0.5 AND policy_version >= v\n" + _table(header, rows)
+                     + "\n\nratio (p99, largest size): " + _ratios({k: v for k, v in s.get("ratio", {}).items() if k.startswith("vs_")})
+                     + "; growth p99: " + _ratios(s.get("ratio", {}).get("growth_p99")))
+    sn = sc.get("snapshot_restore")
+    if sn and "error" not in sn:
+        rows = []
+        for n in ("lakebuffer", "rocksdb_pickle", "torchrl", "deque"):
+            if n in sn:
+                rows.append([n, _cell(sn[n], "snapshot_gbps"), _cell(sn[n], "restore_gbps"), _cell(sn[n], "snapshot_s", 2), _cell(sn[n], "restore_s", 2)])
+        raw = sn.get("s3", {})
+        rows.append(["raw s3fs, same files", _cell(raw, "put_gbps"), _cell(raw, "get_gbps"), _cell(raw, "put_s", 2), _cell(raw, "get_s", 2)])
+        d = sn.get("data", {})
+        parts.append(f"### snapshot / restore on loopback S3 ({d.get('logical_bytes', 0) / 1e6:.0f} MB)\n"
+                     + _table(["system", "snapshot GB/s", "restore GB/s", "snapshot s", "restore s"], rows)
+                     + "\n\nratio: " + _ratios(sn.get("ratio")))
+    r = sc.get("peak_rss")
+    if r and "error" not in r:
+        rows = []
+        for n in ("lakebuffer", "rocksdb_pickle", "torchrl", "deque"):
+            if n in r:
+                fig = r[n]
+                oob = fig.get("out_of_budget_at") if isinstance(fig, dict) else None
+                rows.append([n, _f((fig.get("peak_rss_bytes") or 0) / 1e6, 0) if "peak_rss_bytes" in fig else _cell(fig, "x"),
+                             _f((fig.get("peak_anon_bytes") or 0) / 1e6, 0) if "peak_anon_bytes" in fig else "—",
+                             _f(fig.get("logical_bytes", 0) / 1e6, 0) if "logical_bytes" in fig else "—",
+                             f"{oob['logical_bytes'] / 1e6:.0f} MB" if oob else "never"])
+        parts.append("### peak RSS\n" + _table(["system", "peak RSS MB", "peak anon MB", "data MB", "passes budget at"], rows)
+                     + "\n\nratio: " + _ratios(r.get("ratio")))
+    return "\n\n".join(parts)
+
+
+def _ratios(r: dict[str, Any] | None) -> str:
+    if not r:
+        return "—"
+    return ", ".join(f"{k} {_f(v, 2)}" for k, v in r.items() if not isinstance(v, (dict, list)))
+
+
+def plot_sample_latency(results: dict[str, Any], path: str | Path) -> Path | None:
+    """Sample p99 (solid) and p50 (dashed) latency vs rollout count, log-log, every system."""
+    s = results.get("scenarios", {}).get("sample")
+    if not s or "error" in s:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    for i, name in enumerate(("lakebuffer", "numpy", "rocksdb_pickle", "deque", "torchrl")):
+        by = s.get(name, {}).get("by_size", {})
+        pts = sorted((int(k), v) for k, v in by.items() if isinstance(v, dict) and "p99_ms" in v)
+        if not pts:
+            continue
+        xs = [p[0] for p in pts]
+        color = f"C{i}"
+        ax.plot(xs, [p[1]["p99_ms"] for p in pts], "o-", color=color, label=f"{name} p99")
+        ax.plot(xs, [p[1]["p50_ms"] for p in pts], "x--", color=color, alpha=0.6, label=f"{name} p50")
+    ax.axhline(20, color="grey", lw=0.8, ls=":", label="target p99 20 ms")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("rollouts in buffer (metadata only)")
+    ax.set_ylabel("latency, ms")
+    m = results.get("machine", {})
+    ax.set_title(
+        f"sample 256 keys where reward > 0.5 AND policy_version >= v\n({m.get('cores')} cores{', quick run' if results.get('quick') else ''})",
+        fontsize=10,
+    )
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

@@ -1,0 +1,91 @@
+"""Smoke test of the benchmark harness: the quick run, in process, and the shape of its JSON.
+
+No timing assertions: the figures depend on the machine. What must hold is that every scenario
+ran every system (or said why not), on the same data, and that the report artefacts exist.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import lakebuffer as lb
+from lakebuffer.bench import baselines, data, run, summary
+
+SYSTEMS = {
+    "ingest": ("lakebuffer", "lakebuffer_memory", "rocksdb_pickle", "deque", "torchrl"),
+    "get": ("lakebuffer", "rocksdb_pickle", "deque", "torchrl"),
+    "sample": ("lakebuffer", "numpy", "rocksdb_pickle", "deque", "torchrl"),
+    "snapshot_restore": ("lakebuffer", "s3", "rocksdb_pickle", "deque", "torchrl"),
+    "peak_rss": ("lakebuffer", "rocksdb_pickle", "deque", "torchrl"),
+}
+# lakebuffer must produce figures here (the other systems may be unavailable, e.g. no torch)
+LAKEBUFFER_FIGURE = {
+    "ingest": "gbps",
+    "get": "mbps",
+    "snapshot_restore": "restore_gbps",
+    "peak_rss": "peak_rss_bytes",
+}
+
+
+def test_rollouts_conform_and_repeat() -> None:
+    t = data.rollouts(16, 64, seed=3)
+    assert t.schema.equals(lb.ROLLOUT_SCHEMA)
+    assert t.equals(data.rollouts(16, 64, seed=3))  # a child process regenerates the same rows
+    lengths = pa.compute.list_value_length(t.column("response_ids")).to_numpy()
+    assert lengths.min() >= 256 and lengths.max() <= 4096
+    groups = t.column("group_id").to_pylist()
+    assert all(len(set(groups[i : i + 8])) == 1 for i in range(0, 64, 8))  # GRPO groups of 8
+    assert t.column("key").to_pylist()[0] == "bench-000000000016"
+
+
+def test_native_forms_keep_the_tokens() -> None:
+    t = data.rollouts(0, 16).slice(5, 4)  # a slice: offsets do not start at 0
+    rows = baselines.dict_rows(t)
+    assert [r["key"] for r in rows] == t.column("key").to_pylist()
+    assert np.array_equal(rows[2]["response_ids"], np.asarray(t.column("response_ids")[2].as_py(), dtype=np.int32))
+    padded, lengths = baselines._pad(t.column("response_ids"), 4096, np.int32)
+    assert padded[1, : lengths[1]].tolist() == t.column("response_ids")[1].as_py()
+    assert not padded[1, lengths[1] :].any()
+
+
+@pytest.mark.timeout(150)
+def test_quick_run_reports_every_system(tmp_path: Path) -> None:
+    seen: list[str] = []
+    out = tmp_path / "results.json"
+    res = run(quick=True, out=str(out), progress=lambda msg, done, total: seen.append(msg))
+    assert seen, "progress was never called"
+    on_disk = json.loads(out.read_text())
+    assert on_disk["quick"] is True
+    m = on_disk["machine"]
+    assert m["cores"] >= 1 and m["ram_gb"] > 0
+    for pkg in ("pyarrow", "duckdb", "lance", "rocksdict", "torch", "torchrl"):
+        assert pkg in m["versions"]
+    sc = on_disk["scenarios"]
+    assert set(sc) >= {"limits", *SYSTEMS}
+    for name in ("memcpy", "disk", "s3"):
+        assert "error" not in sc["limits"][name], sc["limits"][name]
+    for scenario, systems in SYSTEMS.items():
+        body = sc[scenario]
+        assert "error" not in body, body
+        assert isinstance(body.get("ratio"), dict) and body["ratio"], scenario
+        for system in systems:
+            fig = body[system]
+            assert isinstance(fig, dict) and fig, (scenario, system)
+            if "unavailable" in fig:
+                assert system == "torchrl", (scenario, system, fig)
+        lb_fig = body["lakebuffer"]
+        assert "error" not in lb_fig, (scenario, lb_fig)
+        if scenario in LAKEBUFFER_FIGURE:
+            assert lb_fig[LAKEBUFFER_FIGURE[scenario]] > 0
+    by_size = sc["sample"]["lakebuffer"]["by_size"]
+    assert by_size and all(v["p99_ms"] >= v["p50_ms"] > 0 for v in by_size.values())
+    assert sc["ingest"]["deque"]["rows_dropped"] > 0  # the RAM-only baseline ran out of budget
+    assert "vs_rocksdb_pickle" in sc["ingest"]["ratio"] and "vs_disk" in sc["ingest"]["ratio"]
+    assert (tmp_path / "sample_latency.png").stat().st_size > 0
+    assert "ingest" in (tmp_path / "summary.md").read_text()
+    assert summary(res).startswith("machine:")
