@@ -169,6 +169,12 @@ def test_asking_for_reward_does_not_read_response_ids_from_disk(tmp_path):
         large = ds.io_stats_incremental().read_bytes
         payload = 200 * 512 * 4
         assert small < payload / 10 < large, (small, large)
+        # and SQL over the warm tier pushes the projection down into Lance
+        buf.sql("SELECT avg(reward) FROM warm")
+        sql_small = ds.io_stats_incremental().read_bytes
+        buf.sql("SELECT avg(len(response_ids)) FROM warm")
+        sql_large = ds.io_stats_incremental().read_bytes
+        assert sql_small * 5 < sql_large and sql_large > 3000 * 512 * 4 / 2, (sql_small, sql_large)
 
 
 # --- restart, delete --------------------------------------------------------------------------
