@@ -195,6 +195,11 @@ def _demo(path: Path, memory_limit_mb: float, total_mb: float, fresh: bool) -> N
         console.print("\nSELECT policy_version, count(*), avg(reward) FROM rollouts GROUP BY 1 ORDER BY 1 DESC LIMIT 5:")
         _print_table(buf.sql("SELECT policy_version, count(*) AS rollouts, round(avg(reward), 3) AS avg_reward "
                              "FROM rollouts GROUP BY 1 ORDER BY 1 DESC LIMIT 5"))
+        with _progress() as prog:
+            task = prog.add_task("snapshot to the lake", total=None)
+            m = buf.snapshot(wait=True, progress=lambda done, total: prog.update(task, completed=done, total=total))
+        if m:
+            console.print(f"snapshot {m['snapshot_id']} committed to {buf.lake_url} ({len(m['files'])} Parquet files)")
         _print_stats(buf.stats())
 
 

@@ -110,12 +110,18 @@ class WarmTier:
         try:
             out = ds._take_rows(pa.array(addresses, pa.uint64()), columns=columns)
         except (OSError, ValueError, RuntimeError) as e:
-            raise CorruptionError(f"cannot read warm fragment {fragment_id} of {self.path}: {e}") from e
+            raise CorruptionError(f"cannot read warm fragment {fragment_id} ({self._files_of(ds, fragment_id)}): {e}") from e
         if out.num_rows != len(rows):
             raise CorruptionError(
-                f"warm fragment {fragment_id} of {self.path} returned {out.num_rows} of {len(rows)} rows"
+                f"warm fragment {fragment_id} ({self._files_of(ds, fragment_id)}) returned {out.num_rows} of {len(rows)} rows"
             )
         return out
+
+    def _files_of(self, ds: lance.LanceDataset, fragment_id: int) -> str:
+        try:
+            return ", ".join(str(self.path / "data" / f.path) for f in ds.get_fragment(fragment_id).data_files())
+        except Exception:  # noqa: BLE001 - only for the error message
+            return f"{self.path}/data/?"
 
     def delete_keys(self, keys: list[str]) -> None:
         """Mark rows deleted (Lance deletion vectors); row addresses of other rows stay valid."""

@@ -95,7 +95,7 @@ def test_truncated_fragment_raises_corruption_error_naming_it_and_others_stay_re
     with lb.ReplayBuffer.open(tmp_path, memory_limit_mb=1, snapshot_interval_s=0) as buf:
         bad_keys = [k for k in a if buf._batches[int(buf.index.lookup([k])[0][0])].fragment == victim]
         good_keys = [k for k in a if k not in set(bad_keys)]
-        with pytest.raises(lb.CorruptionError, match=str(victim)):
+        with pytest.raises(lb.CorruptionError, match=files[0]):
             buf.get(bad_keys[:3], ["response_ids"])
         assert buf.get(good_keys[:50], ["key"]).column(0).to_pylist() == good_keys[:50]
     rep = fsck(tmp_path, repair=True)
