@@ -82,21 +82,8 @@ class ReplayBuffer:
         whose ``run_id`` has committed snapshots in ``lake`` is restored from the last one, eagerly
         (every row written to the warm tier before ``open`` returns; ``progress(done, total)``).
         """
-        return cls(
-            Path(path),
-            lake=lake,
-            memory_limit_mb=memory_limit_mb,
-            snapshot_interval_s=snapshot_interval_s,
-            storage_options=storage_options,
-            schema=schema,
-            run_id=run_id,
-            durability=durability,
-            sync=sync,
-            push_timeout_s=push_timeout_s,
-            key_prefix=key_prefix,
-            duckdb_threads=duckdb_threads,
-            progress=progress,
-        )
+        options = {k: v for k, v in locals().items() if k not in ("cls", "path")}
+        return cls(Path(path), **options)
 
     @classmethod
     def open_lake(cls, url: str, storage_options: dict | None = None, run_id: str | None = None):
@@ -105,46 +92,18 @@ class ReplayBuffer:
 
         return LakeView(url, storage_options=storage_options, run_id=run_id)
 
-    def __init__(
-        self,
-        path: Path,
-        *,
-        lake: str | None,
-        memory_limit_mb: float,
-        snapshot_interval_s: float,
-        storage_options: dict | None,
-        schema: pa.Schema | None,
-        run_id: str | None,
-        durability: str,
-        sync: bool,
-        push_timeout_s: float,
-        key_prefix: str | None,
-        duckdb_threads: int | None,
-        progress: Any = None,
-    ) -> None:
-        if durability not in _DURABILITY:
-            raise ValueError(f"durability must be one of {_DURABILITY}, not {durability!r}")
-        if memory_limit_mb <= 0:
+    def __init__(self, path: Path, **options: Any) -> None:
+        """Use ``ReplayBuffer.open`` (it documents the options)."""
+        if options["durability"] not in _DURABILITY:
+            raise ValueError(f"durability must be one of {_DURABILITY}, not {options['durability']!r}")
+        if options["memory_limit_mb"] <= 0:
             raise ValueError("memory_limit_mb must be positive")
         self.path = path
         path.mkdir(parents=True, exist_ok=True)
         self._lockfile = self._acquire_dir_lock(path)
         self._closed = False
         try:
-            self._open_parts(
-                lake=lake,
-                memory_limit_mb=memory_limit_mb,
-                snapshot_interval_s=snapshot_interval_s,
-                storage_options=storage_options,
-                schema=schema,
-                run_id=run_id,
-                durability=durability,
-                sync=sync,
-                push_timeout_s=push_timeout_s,
-                key_prefix=key_prefix,
-                duckdb_threads=duckdb_threads,
-                progress=progress,
-            )
+            self._open_parts(**options)
         except BaseException:
             self._shutdown_parts()
             self._release_dir_lock()

@@ -9,7 +9,6 @@ deletion vectors for deletes, and a pyarrow-dataset face DuckDB scans with pushd
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import zlib
 from dataclasses import dataclass
@@ -161,6 +160,16 @@ class WarmTier:
         ds = self._ds
         if ds is None:
             return {"rows": 0, "bytes": 0, "fragments": 0}
-        data = self.path / "data"
-        nbytes = sum(e.stat().st_size for e in os.scandir(data)) if data.exists() else 0
-        return {"rows": ds.count_rows(), "bytes": nbytes, "fragments": len(ds.get_fragments())}
+        frags = ds.get_fragments()
+        nbytes = 0
+        for f in frags:  # sizes of the published version's files (not a racy directory listing)
+            for df in f.data_files():
+                nbytes += df.file_size_bytes or _size(self.path / "data" / df.path)
+        return {"rows": ds.count_rows(), "bytes": nbytes, "fragments": len(frags)}
+
+
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except OSError:
+        return 0
