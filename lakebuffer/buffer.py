@@ -148,6 +148,7 @@ class ReplayBuffer:
         self.storage_options = storage_options
         self.lake_url = lake or str(self.path / "lake")
         self.lake = Lake(self.lake_url, storage_options)  # a missing bucket fails here, clearly
+        self.index.put_setting("lake", self.lake_url.encode())  # for fsck's repair from the lake (no secrets)
         self._snap_lock = threading.Lock()
         self._snapshot_pending = False
         self._last_snapshot: dict[str, Any] = {"id": None, "at": None, "error": None, "rows": 0, "files": 0, "bytes": 0}

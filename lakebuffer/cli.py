@@ -339,14 +339,16 @@ def restore(
 @app.command()
 def fsck(
     path: Path = typer.Argument(..., help="Buffer directory."),
-    repair: bool = typer.Option(False, help="Repair what can be repaired."),
+    repair: bool = typer.Option(False, help="Repair what can be repaired (broken batches from the lake)."),
+    lake: str | None = typer.Option(None, envvar="LAKEBUFFER_LAKE", help="Lake to rebuild from (default: the buffer's)."),
+    storage_options: str | None = typer.Option(None, envvar="LAKEBUFFER_STORAGE_OPTIONS"),
 ) -> None:
     """Check index vs fragments vs WAL (and repair with --repair)."""
 
     def go() -> None:
         from .fsck import check
 
-        report = check(path, repair=repair)
+        report = check(path, repair=repair, lake=_opt("lake", lake), storage_options=_storage_options(storage_options))
         console.print_json(json.dumps(report, default=str))
         if report["problems"] and not repair:
             raise typer.Exit(1)

@@ -18,11 +18,13 @@ from .wal import WriteAheadLog
 from .warm import WarmTier
 
 
-def check(path: str | Path, repair: bool = False) -> dict[str, Any]:
-    """Return ``{"ok", "problems", "repaired", "batches", "keys"}``; with ``repair`` fix what can be.
+def check(path: str | Path, repair: bool = False, lake: str | None = None,
+          storage_options: dict | None = None) -> dict[str, Any]:
+    """Return ``{"ok", "problems", "repaired", "lost_keys", "batches", "keys"}``; ``repair`` fixes what can be.
 
-    Repairs: drop warm fragments and WAL segments no index entry refers to (leftovers of a crash),
-    and forget batches whose data is gone (their keys are listed as lost).
+    Repairs: drop warm fragments and WAL segments no index entry refers to (leftovers of a crash);
+    rebuild a broken batch from the cold lake when a snapshot holds its rows (``lake`` defaults to
+    the URL the buffer was last opened with); forget the rest (their keys are listed as lost).
     """
     path = Path(path)
     if not (path / "index").is_dir():
@@ -33,12 +35,12 @@ def check(path: str | Path, repair: bool = False) -> dict[str, Any]:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise LockedError(f"{path} is open in another process; close it before fsck") from None
-        return _check(path, repair)
+        return _check(path, repair, lake, storage_options)
     finally:
         lock.close()
 
 
-def _check(path: Path, repair: bool) -> dict[str, Any]:
+def _check(path: Path, repair: bool, lake_url: str | None, storage_options: dict | None) -> dict[str, Any]:
     index = KeyIndex(path / "index")
     problems: list[str] = []
     repaired: list[str] = []
@@ -109,13 +111,21 @@ def _check(path: Path, repair: bool) -> dict[str, Any]:
             if orphan_wal:
                 repaired.append(f"removed orphan WAL segments {orphan_wal}")
             dead_frags = set()
+            stored = index.get_setting("lake")
+            lake_url = lake_url or (stored.decode() if stored else None)
             for bid in broken:
+                info = batches[bid]
                 meta = index.batch_meta(bid)
                 keys = meta.column("key").to_pylist() if meta is not None else []
+                if info.tier == "warm" and info.fragment in fragments:
+                    dead_frags.add(info.fragment)
+                if info.snapshot is not None and lake_url and keys and _rebuild_from_lake(
+                    index, warm, info, meta, lake_url, storage_options, schema
+                ):
+                    repaired.append(f"rebuilt batch {bid} ({len(keys)} rows) from the lake {lake_url}")
+                    continue
                 lost.extend(keys)
                 index.drop_batch(bid, keys)
-                if batches[bid].tier == "warm" and batches[bid].fragment in fragments:
-                    dead_frags.add(batches[bid].fragment)
                 repaired.append(f"forgot batch {bid} ({len(keys)} rows whose data is gone)")
             warm.drop_fragments(sorted(dead_frags))
         return {
@@ -128,3 +138,25 @@ def _check(path: Path, repair: bool) -> dict[str, Any]:
         }
     finally:
         index.close()
+
+
+def _rebuild_from_lake(index: KeyIndex, warm: WarmTier, info, meta: pa.Table, lake_url: str,
+                       storage_options: dict | None, schema: pa.Schema) -> bool:
+    """Write the batch's rows, read back from the lake, as a new warm fragment; False if incomplete."""
+    from .lakeview import LakeView
+
+    run = index.get_setting("run_id").decode()
+    keys = meta.column("key").to_pylist()
+    try:
+        with LakeView(lake_url, storage_options=storage_options, run_id=run) as view:
+            rows = view.get(keys, [c for c in schema.names if c in view.schema.names])
+    except Exception:  # noqa: BLE001 - the lake cannot help: the batch is reported lost instead
+        return False
+    table = pa.table({f.name: rows.column(f.name).cast(f.type) if f.name in rows.column_names
+                      else pa.nulls(rows.num_rows, f.type) for f in schema}, schema=schema)
+    frag, ds = warm.append(table)
+    warm.publish(ds)
+    info.fragment, info.offset, info.files = frag.fragment_id, 0, list(frag.files)
+    info.checksum, info.nbytes, info.rows = frag.checksum, frag.nbytes, table.num_rows
+    index.rewrite_batch(info, [], {k: i for i, k in enumerate(keys)}, meta)
+    return True
