@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: demo test lint bench bench-quick clean
+.PHONY: demo test test-integration lint bench bench-quick clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,18 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo 'pytest collected no tests' >&2; exit 1; fi; exit $$rc
+	$(PY) -m pytest -q --ignore=tests/integration; rc=$$?; if [ $$rc -eq 5 ]; then echo 'pytest collected no tests' >&2; exit 1; fi; exit $$rc
+
+# torch (CPU, from the local wheel), verl (without its GPU stack), tensordict: the verl adapter and
+# torch DataLoader tests. Ray is in .[dev] already, so the Ray tests also run in `make test`.
+$(VENV)/.installed-integration: $(VENV)/.installed-dev requirements-integration.txt
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -r requirements-integration.txt
+	$(PIP) install -q --no-deps verl==0.9.1
+	touch $@
+
+test-integration: $(VENV)/.installed-integration
+	$(PY) -m pytest -q tests/test_dataset.py tests/integration
 
 bench: $(VENV)/.installed-dev
 	$(VENV)/bin/lakebuffer bench --out benchmarks/results.json

@@ -9,13 +9,18 @@ Layout under the lake URL (``s3://bucket/prefix``, ``file:///abs/path`` or a pla
 
 ``<r>`` is the run id percent-encoded (``urllib.parse.quote(run_id, safe="")``), ``<b>`` is
 ``policy_version // policy_bucket_size`` (floor division), ``<sid>`` the snapshot id the file was
-written for and ``<tok>`` a random token of the writer, so two writers never overwrite each other's
-files. Data files only hold rows; *which* files are live is decided by the manifests alone:
+written for (8 digits), ``<n>`` its number in that write and ``<tok>`` ``<unix seconds>-<random>``
+of the writer, so two writers never overwrite each other's files and ``gc`` can date them. Data
+files only hold rows; *which* files are live is decided by the manifests alone. A manifest holds
+``snapshot_id``, ``parent_id``, ``created_at``, ``operation`` (append / compact), the run's Arrow
+schema, every live data file (path, policy_bucket, rows, bytes, sha256 of the whole file, crc32 per
+8 MiB block for verified ranged reads, policy_version range), the live delete files, what this commit
+added and removed, a summary and the caller's ``meta``.
 
 * **Commit protocol.** ``commit_snapshot`` streams data files, then a delete file, then writes the
   manifest ``<sid>.json`` with an exclusive create (S3 ``If-None-Match: *``; ``os.link`` of a fsynced
-  temporary file locally). The manifest lists every live file of the run with rows, bytes and sha256,
-  so a snapshot is visible completely or not at all: files of a failed or crashed upload are in no
+  temporary file locally). The manifest lists every live file of the run, so a snapshot is visible
+  completely or not at all: files of a failed or crashed upload are in no
   manifest, readers never see them, and ``gc`` removes them later. Two writers racing for the same
   ``sid`` cannot both win; the loser rebases on the new latest manifest and retries.
 * **Tombstones.** The live rows of a run are the rows of its live files whose ``key`` is not in the
@@ -40,9 +45,11 @@ directory is created at the first write.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import queue
@@ -50,7 +57,8 @@ import re
 import threading
 import time
 import uuid
-from collections import deque
+import zlib
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
@@ -58,6 +66,7 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 import fsspec
+import fsspec.asyn
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -93,6 +102,15 @@ def _now() -> tuple[str, float]:
 
 def _enc(run_id: str) -> str:
     return quote(run_id, safe="")
+
+
+def _file_token(tag: str = "") -> str:
+    """``<unix seconds>-<random>``: unique per writer, and it dates the file for ``gc`` even where the
+    store's own timestamps are not trustworthy (moto reports every multipart upload as from 2010)."""
+    return f"{int(time.time())}-{uuid.uuid4().hex[:8]}{tag}"
+
+
+_TOKEN_TIME = re.compile(r"-(\d{9,11})-[0-9a-f]{8}[a-z]*\.(?:parquet|arrow)$")
 
 
 def _ident(name: str) -> str:
@@ -206,16 +224,96 @@ def _iter_input(batches: Any) -> Iterator[pa.RecordBatch]:
 # --------------------------------------------------------------------------------------------
 
 
-class _UploadSink:
-    """The file object ParquetWriter writes to: counts and sha256-hashes the bytes, coalesces them
-    into large chunks and hands those to a background thread that writes them to the real (fsspec or
-    local) file, so Parquet encoding overlaps the upload. ``finish`` commits, ``abort`` discards."""
+class _S3PartWriter:
+    """A write-only S3 object for s3fs with several multipart parts in flight: ``write`` queues a
+    part upload on s3fs's event loop and returns, so the caller keeps encoding while S3 receives
+    (s3fs's own file object uploads one part at a time and blocks the writer meanwhile)."""
 
-    def __init__(self, fobj: Any, *, chunk_bytes: int, fsync: bool = False) -> None:
+    def __init__(self, fs: Any, path: str, *, part_bytes: int, max_inflight: int = 4) -> None:
+        self.fs = fs
+        self.bucket, self.key, _ = fs.split_path(path)
+        self.part_bytes = max(int(part_bytes), 5 * _MiB)
+        self.max_inflight = max(1, int(max_inflight))
+        self.chunks: list[Any] = []
+        self.buffered = 0
+        self.upload_id: str | None = None
+        self.inflight: deque = deque()
+        self.parts: list[dict] = []
+        self.closed = False
+
+    def _call(self, method: str, **kwargs) -> Any:
+        return fsspec.asyn.sync(self.fs.loop, self.fs._call_s3, method, **kwargs)
+
+    def _submit(self, body: bytes) -> None:
+        if self.upload_id is None:
+            self.upload_id = self._call("create_multipart_upload", Bucket=self.bucket, Key=self.key)["UploadId"]
+        number = len(self.parts) + len(self.inflight) + 1
+        coro = self.fs._call_s3("upload_part", Bucket=self.bucket, Key=self.key, UploadId=self.upload_id, PartNumber=number, Body=body)
+        self.inflight.append((number, asyncio.run_coroutine_threadsafe(coro, self.fs.loop)))
+        while len(self.inflight) >= self.max_inflight:
+            self._wait_one()
+
+    def _wait_one(self) -> None:
+        number, fut = self.inflight.popleft()
+        self.parts.append({"PartNumber": number, "ETag": fut.result()["ETag"]})
+
+    def _take(self) -> bytes:
+        body = b"".join(self.chunks)
+        self.chunks, self.buffered = [], 0
+        return body
+
+    def write(self, data: Any) -> int:
+        self.chunks.append(data)
+        self.buffered += len(data)
+        if self.buffered >= self.part_bytes:
+            self._submit(self._take())
+        return len(data)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        if self.upload_id is None:
+            self._call("put_object", Bucket=self.bucket, Key=self.key, Body=self._take())
+        else:
+            if self.buffered:
+                self._submit(self._take())
+            while self.inflight:
+                self._wait_one()
+            parts = sorted(self.parts, key=lambda p: p["PartNumber"])
+            self._call(
+                "complete_multipart_upload", Bucket=self.bucket, Key=self.key, UploadId=self.upload_id, MultipartUpload={"Parts": parts}
+            )
+        self.closed = True
+        with contextlib.suppress(Exception):
+            self.fs.invalidate_cache(f"{self.bucket}/{self.key}")
+
+    def discard(self) -> None:
+        self.closed = True
+        self.chunks = []
+        for _, fut in self.inflight:
+            with contextlib.suppress(Exception):
+                fut.result()
+        self.inflight.clear()
+        if self.upload_id is not None:
+            with contextlib.suppress(Exception):
+                self._call("abort_multipart_upload", Bucket=self.bucket, Key=self.key, UploadId=self.upload_id)
+
+
+class _UploadSink:
+    """The file object ParquetWriter writes to: counts the bytes, hashes them (sha256 of the file and
+    crc32 per ``block_bytes`` block, so readers can verify ranges), coalesces them into large chunks
+    and hands those to a background thread that writes them to the real file (fsspec, local or
+    ``_S3PartWriter``), so Parquet encoding overlaps the upload. ``finish`` commits, ``abort`` discards."""
+
+    def __init__(self, fobj: Any, *, chunk_bytes: int, block_bytes: int, fsync: bool = False) -> None:
         self._f = fobj
         self._chunk = chunk_bytes
         self._fsync = fsync
         self._hash = hashlib.sha256()
+        self.block_bytes = int(block_bytes)
+        self.block_crc32: list[int] = []
+        self._crc = 0
+        self._crc_len = 0
         self._buf = bytearray()
         self._q: queue.Queue = queue.Queue(maxsize=2)
         self._err: BaseException | None = None
@@ -225,6 +323,18 @@ class _UploadSink:
         self._thread = threading.Thread(target=self._run, name="lakebuffer-upload", daemon=True)
         self._thread.start()
 
+    def _checksum(self, chunk: bytearray) -> None:
+        self._hash.update(chunk)
+        view, i, n = memoryview(chunk), 0, len(chunk)
+        while i < n:
+            take = min(self.block_bytes - self._crc_len, n - i)
+            self._crc = zlib.crc32(view[i : i + take], self._crc)
+            self._crc_len += take
+            i += take
+            if self._crc_len == self.block_bytes:
+                self.block_crc32.append(self._crc)
+                self._crc, self._crc_len = 0, 0
+
     def _run(self) -> None:
         while True:
             chunk = self._q.get()
@@ -232,7 +342,7 @@ class _UploadSink:
                 return
             if self._err is None:
                 try:
-                    self._hash.update(chunk)
+                    self._checksum(chunk)
                     self._f.write(chunk)
                 except BaseException as e:  # handed to the writing thread
                     self._err = e
@@ -282,6 +392,9 @@ class _UploadSink:
             self._f.flush()
             os.fsync(self._f.fileno())
         self._f.close()
+        if self._crc_len:
+            self.block_crc32.append(self._crc)
+            self._crc, self._crc_len = 0, 0
         return self.size, self._hash.hexdigest()
 
     def abort(self) -> None:
@@ -323,6 +436,10 @@ class _PartFile:
 
     def close(self) -> dict:
         self.writer.close()
+        return self.commit()
+
+    def commit(self) -> dict:
+        """Wait for the upload of a closed file and commit it (runs off the encoding thread)."""
         size, digest = self.sink.finish()
         return {
             "path": self.rel,
@@ -331,6 +448,7 @@ class _PartFile:
             "rows": self.rows,
             "bytes": size,
             "sha256": digest,
+            "blocks": {"bytes": self.sink.block_bytes, "crc32": self.sink.block_crc32},
             "min_policy_version": self.min_pv,
             "max_policy_version": self.max_pv,
         }
@@ -341,24 +459,98 @@ class _PartFile:
         self.sink.abort()
 
 
+class _Lane:
+    """One encoder thread with one open file at a time: row groups are encoded in the order they were
+    handed in; a full file is closed (footer) here and committed by the writer's closer pool."""
+
+    def __init__(self, writer: _Writer, bucket: int) -> None:
+        self.writer = writer
+        self.bucket = bucket
+        self.file: _PartFile | None = None
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lakebuffer-encode")
+        self.futures: deque = deque()
+
+    def submit(self, table: pa.Table) -> None:
+        self.futures.append(self.pool.submit(self._write, table))
+        while len(self.futures) > 1:  # at most one row group waiting per lane: bounded memory
+            self.futures.popleft().result()
+
+    def _write(self, table: pa.Table) -> None:
+        w = self.writer
+        if self.file is None:
+            rel = f"{w.run_dir}/policy_bucket={self.bucket}/part-{w.snapshot_id:08d}-{next(w.counter):04d}-{w.token}.parquet"
+            self.file = _PartFile(w.lake, rel, w.schema, self.bucket, w.snapshot_id)
+        self.file.write(table)
+        if self.file.sink.size >= w.target:
+            self._close()
+
+    def _close(self) -> None:
+        f, self.file = self.file, None
+        if f is None:
+            return
+        try:
+            f.writer.close()
+        except BaseException:
+            f.sink.abort()
+            raise
+        self.writer.committing(f)
+
+    def finish(self) -> None:
+        self.futures.append(self.pool.submit(self._close))
+        try:
+            while self.futures:
+                self.futures.popleft().result()
+        finally:
+            self.pool.shutdown(wait=True)
+
+    def abort(self) -> None:
+        for fut in self.futures:
+            with contextlib.suppress(BaseException):
+                fut.result()
+        self.futures.clear()
+        self.pool.shutdown(wait=True)
+        if self.file is not None:
+            self.file.abort()
+            self.file = None
+
+
 class _Writer:
     """Streams batches of one run into per-bucket Parquet files: rows are buffered per bucket until a
-    row group is full (``row_group_bytes`` / ``row_group_rows``), files rotate at ``target_file_bytes``,
-    and the memory held in pending row groups is bounded across buckets."""
+    row group is full (``row_group_bytes`` / ``row_group_rows``), the memory held in pending row groups
+    is bounded across buckets, and full row groups go round-robin to ``encode_threads`` lanes per bucket
+    (an encoder thread and an open file each: Parquet encoding is the CPU cost of a snapshot and
+    releases the GIL). Files rotate at ``target_file_bytes``; a closed file finishes uploading in the
+    background while encoding goes on."""
 
-    def __init__(self, lake: Lake, run_id: str, snapshot_id: int, schema: pa.Schema, target_file_bytes: int, tag: str = "") -> None:
+    def __init__(
+        self,
+        lake: Lake,
+        run_id: str,
+        snapshot_id: int,
+        schema: pa.Schema,
+        target_file_bytes: int,
+        tag: str = "",
+        lanes: dict[int, int] | None = None,
+        max_lanes: int | None = None,
+    ) -> None:
         self.lake = lake
+        self.lane_limit = lanes or {}
+        self.max_lanes = max_lanes or lake.encode_threads
         self.run_dir = f"run_id={_enc(run_id)}"
         self.snapshot_id = snapshot_id
         self.schema = schema
         self.target = target_file_bytes
-        self.token = uuid.uuid4().hex[:10] + tag
+        self.token = _file_token(tag)
         self.pending: dict[int, list[pa.RecordBatch]] = {}
         self.pending_bytes: dict[int, int] = {}
         self.pending_rows: dict[int, int] = {}
-        self.open: dict[int, _PartFile] = {}
-        self.counter = 0
+        self.lanes: dict[int, list[_Lane]] = {}
+        self.turn: dict[int, int] = {}
+        self.counter = itertools.count()
         self.entries: list[dict] = []
+        self.closing: deque = deque()
+        self.closing_lock = threading.Lock()
+        self.closer = ThreadPoolExecutor(max_workers=2, thread_name_prefix="lakebuffer-commit")
         self.rows = 0
         self.max_pending = 4 * lake.row_group_bytes
 
@@ -383,12 +575,8 @@ class _Writer:
             self._add(int(sorted_b[a]), taken.slice(a, b - a))
 
     def _add(self, bucket: int, batch: pa.RecordBatch | pa.Table) -> None:
-        if isinstance(batch, pa.Table):
-            chunks = batch.to_batches()
-        else:
-            chunks = [batch]
-        lst = self.pending.setdefault(bucket, [])
-        lst.extend(chunks)
+        chunks = batch.to_batches() if isinstance(batch, pa.Table) else [batch]
+        self.pending.setdefault(bucket, []).extend(chunks)
         self.pending_bytes[bucket] = self.pending_bytes.get(bucket, 0) + batch.nbytes
         self.pending_rows[bucket] = self.pending_rows.get(bucket, 0) + batch.num_rows
         if self.pending_bytes[bucket] >= self.lake.row_group_bytes or self.pending_rows[bucket] >= self.lake.row_group_rows:
@@ -403,30 +591,50 @@ class _Writer:
         if not batches:
             return
         table = pa.Table.from_batches(batches, schema=self.schema)
-        f = self.open.get(bucket)
-        if f is None:
-            rel = f"{self.run_dir}/policy_bucket={bucket}/part-{self.snapshot_id:08d}-{self.counter:04d}-{self.token}.parquet"
-            self.counter += 1
-            f = self.open[bucket] = _PartFile(self.lake, rel, self.schema, bucket, self.snapshot_id)
-        f.write(table)
+        lanes = self.lanes.setdefault(bucket, [])
+        turn = self.turn.get(bucket, 0)
+        self.turn[bucket] = turn + 1
+        limit = max(1, self.lane_limit.get(bucket, self.max_lanes))
+        if len(lanes) < limit and turn >= len(lanes):
+            lanes.append(_Lane(self, bucket))
+        lanes[turn % len(lanes)].submit(table)
         self.rows += table.num_rows
-        if f.sink.size >= self.target:
-            del self.open[bucket]
-            self.entries.append(f.close())
+
+    def committing(self, f: _PartFile) -> None:
+        """A closed file: finish its upload in the background, at most two at a time."""
+        with self.closing_lock:
+            self.closing.append((f, self.closer.submit(f.commit)))
+            while len(self.closing) > 2:
+                f0, fut = self.closing.popleft()
+                self.entries.append(fut.result())
 
     def finish(self) -> list[dict]:
         for bucket in list(self.pending):
             self._flush(bucket)
-        for bucket in list(self.open):
-            self.entries.append(self.open.pop(bucket).close())
+        for lanes in self.lanes.values():
+            for lane in lanes:
+                lane.finish()
+        with self.closing_lock:
+            while self.closing:
+                self.entries.append(self.closing.popleft()[1].result())
+        self.closer.shutdown(wait=True)
+        self.entries.sort(key=lambda e: e["path"])
         return self.entries
 
     def abort(self) -> None:
         """Discard open files and try once to remove the completed ones (``gc`` gets any left)."""
-        for f in self.open.values():
-            f.abort()
-        self.open.clear()
+        for lanes in self.lanes.values():
+            for lane in lanes:
+                lane.abort()
         self.pending.clear()
+        with self.closing_lock:
+            for f, fut in self.closing:
+                try:
+                    self.entries.append(fut.result())
+                except BaseException:
+                    f.sink.abort()
+            self.closing.clear()
+        self.closer.shutdown(wait=True)
         self.lake._remove_quietly([e["path"] for e in self.entries])
 
 
@@ -498,6 +706,158 @@ def _conjuncts(text: str) -> list[str]:
     return out
 
 
+class _BlockReader:
+    """Fetch the data files of a scan on a few threads, in file order, up to ``read_ahead_bytes``
+    ahead of the consumer, verify them and hand out each row group as soon as its bytes are there.
+
+    By default each file is one GET (checked by sha256): moto, like some other S3 servers, reads the
+    whole object for every ranged GET, so ranges cost O(object size) each there. With
+    ``ranged_reads=True`` files are fetched in their 8 MiB checksum blocks (footer block first, each
+    block checked by crc32), so decoding the first row groups of a big file overlaps fetching the
+    rest: better on real S3 with few, large (compacted) files."""
+
+    def __init__(self, lake: Lake, entries: list[dict], verify: bool) -> None:
+        self.lake = lake
+        self.entries = entries
+        self.verify = verify
+        ranged = lake.ranged_reads
+        self.tasks: list[tuple[int, int, int, int | None]] = []  # (file, start, end, crc32 | None)
+        self.first: list[int] = []  # index of each file's first task
+        self.block: list[int] = []  # block size per file (0: one task for the whole file)
+        for fi, e in enumerate(entries):
+            size = int(e["bytes"])
+            blocks = e.get("blocks") or {}
+            bsize, crcs = int(blocks.get("bytes") or 0), list(blocks.get("crc32") or [])
+            self.first.append(len(self.tasks))
+            if ranged and bsize > 0 and crcs and len(crcs) == -(-size // bsize):
+                ranges = [(i * bsize, min(size, (i + 1) * bsize), crc) for i, crc in enumerate(crcs)]
+                ranges = ranges[-1:] + ranges[:-1]  # the footer first
+                self.block.append(bsize)
+            else:
+                ranges = [(0, size, None)]
+                self.block.append(0)
+            self.tasks.extend((fi, a, b, c) for a, b, c in ranges)
+        self.futures: dict[int, Any] = {}
+        self.buffers: dict[int, np.ndarray] = {}
+        self.submitted = 0
+        self.ahead = 0
+
+    def _fetch(self, idx: int) -> None:
+        fi, start, end, crc = self.tasks[idx]
+        entry = self.entries[fi]
+        lake = self.lake
+        path = lake._abs(entry["path"])
+        url = lake._url_of(entry["path"])
+        try:
+            if start == 0 and end == int(entry["bytes"]) and crc is None:
+                data = lake._io(f"reading {entry['path']}", lake.fs.cat_file, path)
+            else:
+                data = lake._io(f"reading {entry['path']}", lake.fs.cat_file, path, start=start, end=end)
+        except FileNotFoundError:
+            raise CorruptionError(f"lake file {url} listed in a committed manifest is missing") from None
+        if len(data) != end - start:
+            raise CorruptionError(f"lake file {url} is shorter than the manifest says ({entry['bytes']} bytes)")
+        if self.verify:
+            if crc is not None:
+                got = zlib.crc32(data)
+                if got != crc:
+                    raise CorruptionError(f"lake file {url} fails its checksum: bytes {start}-{end} have crc32 {got}, the manifest says {crc}")
+            else:
+                problem = self._check_whole(entry, data)
+                if problem:
+                    raise CorruptionError(f"lake file {url} fails its checksum: {problem}")
+        if self.block[fi] == 0:
+            self.buffers[fi] = data  # the whole file: use the bytes as they are
+        else:
+            self.buffers[fi][start:end] = np.frombuffer(data, dtype=np.uint8)
+
+    @staticmethod
+    def _check_whole(entry: dict, data: bytes) -> str | None:
+        """Block crc32s when the manifest has them (about twice as fast as sha256), else sha256."""
+        blocks = entry.get("blocks") or {}
+        bsize, crcs = int(blocks.get("bytes") or 0), blocks.get("crc32") or []
+        if bsize <= 0 or len(crcs) != -(-len(data) // bsize) or len(data) != int(entry["bytes"]):
+            return Lake._check_bytes(entry, data)
+        view = memoryview(data)
+        for i, want in enumerate(crcs):
+            got = zlib.crc32(view[i * bsize : (i + 1) * bsize])
+            if got != want:
+                return f"bytes {i * bsize}-{min(len(data), (i + 1) * bsize)} have crc32 {got}, the manifest says {want}"
+        return None
+
+    def _submit_next(self) -> None:
+        idx = self.submitted
+        fi, start, end, _ = self.tasks[idx]
+        if fi not in self.buffers and self.block[fi]:
+            self.buffers[fi] = np.empty(int(self.entries[fi]["bytes"]), dtype=np.uint8)
+        self.futures[idx] = self.pool.submit(self._fetch, idx)
+        self.submitted += 1
+        self.ahead += end - start
+
+    def _wait(self, idx: int) -> None:
+        while self.submitted <= idx:
+            self._submit_next()
+        fut = self.futures.pop(idx, None)
+        if fut is not None:
+            fut.result()
+            _, start, end, _ = self.tasks[idx]
+            self.ahead -= end - start
+        while self.submitted < len(self.tasks) and self.ahead < self.lake.read_ahead_bytes:
+            self._submit_next()
+
+    def _wait_range(self, fi: int, start: int, end: int) -> None:
+        first, bsize = self.first[fi], self.block[fi]
+        if bsize == 0:
+            self._wait(first)
+            return
+        nblocks = -(-int(self.entries[fi]["bytes"]) // bsize)
+        for b in range(start // bsize, -(-end // bsize)):
+            self._wait(first if b == nblocks - 1 else first + 1 + b)  # task order: last block, then 0..n-2
+
+    def row_groups(self) -> Iterator[tuple[dict, pq.ParquetFile, int]]:
+        if not self.tasks:
+            return
+        # whole files: one GET at a time (s3fs splits large ones itself), so the first file arrives as
+        # early as possible and decoding it overlaps fetching the next; blocks: a few in parallel
+        workers = max(1, self.lake.read_concurrency) if any(self.block) else 1
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lakebuffer-fetch")
+        try:
+            for fi, entry in enumerate(self.entries):
+                size = int(entry["bytes"])
+                url = self.lake._url_of(entry["path"])
+                if size < 12:
+                    raise CorruptionError(f"lake file {url} is too small to be Parquet ({size} bytes)")
+                self._wait_range(fi, size - 8, size)
+                buf = self.buffers[fi]
+                view = memoryview(buf)
+                footer = int.from_bytes(view[size - 8 : size - 4], "little")
+                if view[size - 4 : size].tobytes() != b"PAR1" or footer + 12 > size:
+                    raise CorruptionError(f"lake file {url} has no valid Parquet footer")
+                self._wait_range(fi, size - 8 - footer, size)
+                try:
+                    pf = pq.ParquetFile(pa.BufferReader(pa.py_buffer(buf)))
+                except (pa.ArrowInvalid, OSError) as e:
+                    raise CorruptionError(f"lake file {url} is not readable Parquet: {e}") from e
+                md = pf.metadata
+                for i in range(md.num_row_groups):
+                    rg = md.row_group(i)
+                    lo, hi = size, 0
+                    for j in range(rg.num_columns):
+                        c = rg.column(j)
+                        off = c.data_page_offset
+                        if c.has_dictionary_page and c.dictionary_page_offset and 0 < c.dictionary_page_offset < off:
+                            off = c.dictionary_page_offset
+                        lo, hi = min(lo, off), max(hi, off + c.total_compressed_size)
+                    if rg.num_columns:
+                        self._wait_range(fi, lo, min(hi, size))
+                    yield entry, pf, i
+                del pf, buf, view
+                self.buffers.pop(fi, None)
+        finally:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.buffers.clear()
+
+
 # --------------------------------------------------------------------------------------------
 # the lake
 # --------------------------------------------------------------------------------------------
@@ -509,8 +869,14 @@ class Lake:
     ``policy_bucket_size`` (``None``: the lake's stored value, else 1) is fixed per lake at the first
     commit and stored in ``_lakebuffer.json``; opening with a different explicit value raises
     ``LakeError``. ``filesystem`` replaces the fsspec filesystem built from ``url`` (e.g. a wrapped
-    one). ``row_group_bytes`` / ``row_group_rows`` bound Parquet row groups (whichever comes first),
-    ``target_file_bytes`` rotates snapshot files.
+    one). ``row_group_bytes`` (uncompressed Arrow bytes) / ``row_group_rows`` bound Parquet row
+    groups (whichever comes first); ``target_file_bytes`` rotates snapshot files (``compact`` merges
+    them into larger ones later; several files per snapshot let restore overlap fetching and decoding);
+    ``encode_threads`` (default: CPUs, at most 4) encode row groups of one partition into that many
+    files in parallel.
+    Uploads: encoded bytes go to S3 in ``upload_part_bytes`` multipart parts, ``upload_concurrency``
+    in flight. Reads: ``read_concurrency`` fetch threads, ``read_ahead_bytes`` ahead, ``ranged_reads``
+    (see ``_BlockReader``), ``verify_reads`` checks checksums on every restore/compaction read.
     """
 
     def __init__(
@@ -521,17 +887,31 @@ class Lake:
         policy_bucket_size: int | None = None,
         read_only: bool = False,
         filesystem: fsspec.AbstractFileSystem | None = None,
-        row_group_bytes: int = 64 * _MiB,
+        row_group_bytes: int = 32 * _MiB,
         row_group_rows: int = 64 * 1024,
-        target_file_bytes: int = 256 * _MiB,
+        target_file_bytes: int = 48 * _MiB,
+        encode_threads: int | None = None,
         upload_chunk_bytes: int = 8 * _MiB,
+        upload_part_bytes: int = 8 * _MiB,
+        upload_concurrency: int = 3,
+        block_bytes: int = 8 * _MiB,
+        read_concurrency: int = 3,
+        read_ahead_bytes: int = 128 * _MiB,
+        ranged_reads: bool = False,
         verify_reads: bool = True,
     ) -> None:
         self.read_only = read_only
         self.row_group_bytes = int(row_group_bytes)
         self.row_group_rows = int(row_group_rows)
         self.target_file_bytes = int(target_file_bytes)
+        self.encode_threads = int(encode_threads) if encode_threads else max(1, min(4, os.cpu_count() or 1))
         self.upload_chunk_bytes = int(upload_chunk_bytes)
+        self.upload_part_bytes = int(upload_part_bytes)
+        self.upload_concurrency = int(upload_concurrency)
+        self.block_bytes = int(block_bytes)
+        self.read_concurrency = int(read_concurrency)
+        self.read_ahead_bytes = int(read_ahead_bytes)
+        self.ranged_reads = bool(ranged_reads)
         self.verify_reads = verify_reads
         self.storage_options = dict(storage_options or {})
         self.fs, root = self._make_fs(url, self.storage_options, filesystem)
@@ -549,7 +929,7 @@ class Lake:
         self._native_local = self._local and filesystem is None
         self._format = ds.ParquetFileFormat(default_fragment_scan_options=ds.ParquetFragmentScanOptions(pre_buffer=True))
         self._lock = threading.RLock()
-        self._manifest_cache: dict[tuple[str, int], dict] = {}
+        self._manifest_cache: OrderedDict[tuple[str, int], dict] = OrderedDict()
         self._keys_cache: dict[str, pa.Array] = {}
         self._meta_ok = False
         self._probe()
@@ -637,10 +1017,14 @@ class Lake:
         if self._native_local:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             fobj = open(path, "wb")  # noqa: SIM115 - closed by the sink
-            return _UploadSink(fobj, chunk_bytes=self.upload_chunk_bytes, fsync=True)
+            return _UploadSink(fobj, chunk_bytes=self.upload_chunk_bytes, block_bytes=self.block_bytes, fsync=True)
         if self._local:
             self.fs.makedirs(self.fs._parent(path), exist_ok=True)
-        return _UploadSink(self.fs.open(path, "wb"), chunk_bytes=self.upload_chunk_bytes)
+        if self.protocol in ("s3", "s3a") and hasattr(self.fs, "_call_s3") and getattr(self.fs, "loop", None) is not None:
+            fobj = _S3PartWriter(self.fs, path, part_bytes=self.upload_part_bytes, max_inflight=self.upload_concurrency)
+        else:
+            fobj = self.fs.open(path, "wb")
+        return _UploadSink(fobj, chunk_bytes=self.upload_chunk_bytes, block_bytes=self.block_bytes)
 
     def _put_small(self, rel: str, data: bytes) -> None:
         path = self._abs(rel)
@@ -762,8 +1146,9 @@ class Lake:
         key = (run_id, int(snapshot_id))
         with self._lock:
             m = self._manifest_cache.get(key)
-        if m is not None:
-            return m
+            if m is not None:
+                self._manifest_cache.move_to_end(key)
+                return m
         rel = self._manifest_rel(run_id, snapshot_id)
         try:
             m = json.loads(self._cat(rel))
@@ -771,9 +1156,15 @@ class Lake:
             raise LakeError(f"snapshot {snapshot_id} of run {run_id!r} is not in lake {self.url}") from None
         except json.JSONDecodeError as e:
             raise CorruptionError(f"manifest {self._url_of(rel)} is not valid JSON: {e}") from e
-        with self._lock:
-            self._manifest_cache[key] = m
+        self._remember(key, m)
         return m
+
+    def _remember(self, key: tuple[str, int], manifest: dict) -> None:
+        with self._lock:
+            self._manifest_cache[key] = manifest
+            self._manifest_cache.move_to_end(key)
+            while len(self._manifest_cache) > 64:
+                self._manifest_cache.popitem(last=False)
 
     def latest_manifest(self, run_id: str) -> dict | None:
         """The newest committed manifest of ``run_id``, or None when the run has none."""
@@ -957,35 +1348,6 @@ class Lake:
             return f"sha256 {digest}, the manifest says {entry['sha256']}"
         return None
 
-    def _prefetched(self, entries: list[dict], verify: bool, ahead_bytes: int = 256 * _MiB) -> Iterator[tuple[dict, bytes]]:
-        """Fetch files whole (one GET each), up to ``ahead_bytes`` ahead of the consumer."""
-        if not entries:
-            return
-        ex = ThreadPoolExecutor(max_workers=2, thread_name_prefix="lakebuffer-fetch")
-        try:
-            pending: deque = deque()
-            it = iter(entries)
-            queued = 0
-
-            def top_up() -> None:
-                nonlocal queued
-                while len(pending) < 2 or queued < ahead_bytes:
-                    e = next(it, None)
-                    if e is None:
-                        return
-                    pending.append((e, ex.submit(self._fetch, e, verify=verify)))
-                    queued += int(e["bytes"])
-
-            top_up()
-            while pending:
-                e, fut = pending.popleft()
-                data = fut.result()
-                queued -= int(e["bytes"])
-                top_up()
-                yield e, data
-        finally:
-            ex.shutdown(wait=True, cancel_futures=True)
-
     def scan_batches(
         self,
         run_id: str,
@@ -996,8 +1358,10 @@ class Lake:
     ) -> Iterator[pa.RecordBatch]:
         """Restore path: every live row of ``run_id`` as of its latest committed snapshot (or
         ``snapshot_id``), minus tombstones, streamed one row group at a time, with the ``run_id``
-        column (``policy_bucket`` on request). Files are fetched whole, ahead of decoding, and checked
-        against their sha256 (``CorruptionError``) unless ``verify=False``."""
+        column (``policy_bucket`` on request). Files are fetched by ``read_concurrency`` threads, up to
+        ``read_ahead_bytes`` ahead of decoding (so decoding one file overlaps fetching the next) and
+        checked against the manifest's checksums (``CorruptionError`` naming the file) unless
+        ``verify=False``."""
         _check_run_id(run_id)
         m = self.manifest(run_id, snapshot_id) if snapshot_id is not None else self.latest_manifest(run_id)
         if m is None:
@@ -1021,33 +1385,26 @@ class Lake:
         need_key = len(keys) > 0 and "key" not in physical
         read_cols = physical + (["key"] if need_key else [])
         entries = sorted(m["files"], key=lambda f: (int(f.get("snapshot_id", 0)), f["path"]))
-        for entry, data in self._prefetched(entries, verify):
-            try:
-                pf = pq.ParquetFile(pa.BufferReader(data))
-            except pa.ArrowInvalid as e:
-                raise CorruptionError(f"lake file {self._url_of(entry['path'])} is not readable Parquet: {e}") from e
+        for entry, pf, i in _BlockReader(self, entries, verify).row_groups():
             avail = set(pf.schema_arrow.names)
-            cols = [c for c in read_cols if c in avail]
-            for i in range(pf.num_row_groups):
-                t = pf.read_row_group(i, columns=cols)
-                if len(keys):
-                    t = t.filter(pc.invert(pc.is_in(t.column("key"), value_set=keys)))
-                n = t.num_rows
-                if n == 0:
-                    continue
-                arrays = []
-                for f in out_schema:
-                    if f.name == "run_id":
-                        arrays.append(pa.repeat(pa.scalar(run_id, f.type), n))
-                    elif f.name == "policy_bucket":
-                        arrays.append(pa.repeat(pa.scalar(int(entry["policy_bucket"]), pa.int64()), n))
-                    elif f.name in avail:
-                        col = t.column(f.name)
-                        arrays.append(col if col.type.equals(f.type) else col.cast(f.type))
-                    else:
-                        arrays.append(pa.nulls(n, f.type))
-                yield from pa.Table.from_arrays(arrays, schema=out_schema).to_batches()
-            del data, pf
+            t = pf.read_row_group(i, columns=[c for c in read_cols if c in avail], use_threads=False)
+            if len(keys):
+                t = t.filter(pc.invert(pc.is_in(t.column("key"), value_set=keys)))
+            n = t.num_rows
+            if n == 0:
+                continue
+            arrays = []
+            for f in out_schema:
+                if f.name == "run_id":
+                    arrays.append(pa.repeat(pa.scalar(run_id, f.type), n))
+                elif f.name == "policy_bucket":
+                    arrays.append(pa.repeat(pa.scalar(int(entry["policy_bucket"]), pa.int64()), n))
+                elif f.name in avail:
+                    col = t.column(f.name)
+                    arrays.append(col if col.type.equals(f.type) else col.cast(f.type))
+                else:
+                    arrays.append(pa.nulls(n, f.type))
+            yield from pa.Table.from_arrays(arrays, schema=out_schema).to_batches()
 
     def verify(self, run_id: str | None = None) -> dict:
         """Check size and sha256 of every live data and delete file of the latest snapshots;
@@ -1099,7 +1456,7 @@ class Lake:
         }
 
     def _write_delete_file(self, run_id: str, snapshot_id: int, keys: pa.Array) -> dict:
-        rel = f"{DELETE_DIR}/run_id={_enc(run_id)}/del-{snapshot_id:08d}-{uuid.uuid4().hex[:10]}.arrow"
+        rel = f"{DELETE_DIR}/run_id={_enc(run_id)}/del-{snapshot_id:08d}-{_file_token()}.arrow"
         sink = pa.BufferOutputStream()
         table = pa.table({"key": keys.cast(pa.string())})
         with pa.ipc.new_file(sink, table.schema) as w:
@@ -1186,8 +1543,7 @@ class Lake:
             except Exception as e:
                 created = self._commit_outcome(run_id, sid, token, e)
             if created:
-                with self._lock:
-                    self._manifest_cache[(run_id, sid)] = manifest
+                self._remember((run_id, sid), manifest)
                 return manifest
             with self._lock:
                 self._manifest_cache.pop((run_id, sid), None)
@@ -1302,10 +1658,10 @@ class Lake:
                 wide = row_schema
                 if parent and parent.get("schema"):
                     wide = pa.unify_schemas([_schema_from_b64(parent["schema"]), row_schema])
-                rewriter = _Writer(self, run_id, sid, _without(wide, ["run_id", "policy_bucket"]), self.target_file_bytes, tag="r")
-                for f in self._files_with_keys(parent, resurrected):
-                    remove_files.add(f["path"])
-                    self._copy_rows(f, rewriter, hidden, rewriter.schema)
+                rewriter = _Writer(self, run_id, sid, _without(wide, ["run_id", "policy_bucket"]), self.target_file_bytes, tag="r", max_lanes=1)
+                affected = self._files_with_keys(parent, resurrected)
+                remove_files.update(f["path"] for f in affected)
+                self._copy_rows(affected, rewriter, hidden, rewriter.schema)
                 rewritten = rewriter.finish()
                 remaining = pc.filter(watch, pc.invert(pc.is_in(watch, value_set=resurrected)))
                 remove_deletes = {d["path"] for d in (parent or {}).get("delete_files", [])}
@@ -1349,20 +1705,17 @@ class Lake:
                 out.append(f)
         return out
 
-    def _copy_rows(self, entry: dict, writer: _Writer, hidden: pa.Array, schema: pa.Schema, data: bytes | None = None, progress: Callable[[int], None] | None = None) -> None:
-        """Copy the rows of one verified file into ``writer``, without keys in ``hidden``."""
-        if data is None:
-            data = self._fetch(entry, verify=True)
-        pf = pq.ParquetFile(pa.BufferReader(data))
-        for i in range(pf.num_row_groups):
-            t = pf.read_row_group(i)
+    def _copy_rows(self, entries: list[dict], writer: _Writer, hidden: pa.Array, schema: pa.Schema, progress: Callable[[int], None] | None = None) -> None:
+        """Stream the rows of verified files into ``writer``, without keys in ``hidden``."""
+        for entry, pf, i in _BlockReader(self, entries, verify=True).row_groups():
+            t = pf.read_row_group(i, use_threads=False)
             if len(hidden) and "key" in t.column_names:
                 t = t.filter(pc.invert(pc.is_in(t.column("key"), value_set=hidden)))
             if t.num_rows:
                 for b in _conform(t, schema).to_batches():
                     writer.add(b)
             if progress is not None:
-                progress(int(entry["bytes"]) // max(pf.num_row_groups, 1))
+                progress(int(entry["bytes"]) // max(pf.metadata.num_row_groups, 1))
 
     # ---- compaction & gc ----------------------------------------------------------------
     def compact(
@@ -1435,10 +1788,14 @@ class Lake:
                 rs.update(files_after=rs["files_before"], rows_after=rs["rows_before"], bytes_after=rs["bytes_before"], files_rewritten=0, files_written=0, delete_files_applied=0)
             else:
                 file_schema = _without(_schema_from_b64(parent["schema"]), ["run_id", "policy_bucket"])
-                writer = _Writer(self, r, parent["snapshot_id"] + 1, file_schema, target_file_bytes, tag="c")
+                in_bytes: dict[int, int] = {}
+                for f in chosen:
+                    in_bytes[int(f["policy_bucket"])] = in_bytes.get(int(f["policy_bucket"]), 0) + int(f["bytes"])
+                # parallel encoders only where the partition fills several target-size files
+                lanes = {b: min(self.encode_threads, max(1, n // target_file_bytes)) for b, n in in_bytes.items()}
+                writer = _Writer(self, r, parent["snapshot_id"] + 1, file_schema, target_file_bytes, tag="c", lanes=lanes)
                 try:
-                    for entry, data in self._prefetched(chosen, verify=True):
-                        self._copy_rows(entry, writer, tomb, file_schema, data=data, progress=tick)
+                    self._copy_rows(chosen, writer, tomb, file_schema, progress=tick)
                     entries = writer.finish()
                     m = self._commit(
                         r,
@@ -1477,7 +1834,8 @@ class Lake:
         """Remove files no live snapshot needs: data and delete files referenced neither by the latest
         manifest of their run nor by a manifest superseded less than ``older_than_s`` ago (readers may
         still be pinned to it), and older than ``older_than_s`` themselves (so uploads in progress are
-        safe); also the expired manifests. Returns the number of objects removed."""
+        safe); also the expired manifests and, on S3, multipart uploads a crashed writer left behind.
+        Returns the number of objects removed (and uploads aborted)."""
         self._check_writable()
         cutoff = time.time() - float(older_than_s)
         keep: set[str] = set()
@@ -1522,7 +1880,24 @@ class Lake:
             self._io(f"removing {rel}", self.fs.rm_file, self._abs(rel))
             with self._lock:
                 self._keys_cache.pop(rel, None)
-        return len(doomed)
+        return len(doomed) + self._abort_stale_uploads(cutoff)
+
+    def _abort_stale_uploads(self, cutoff: float) -> int:
+        """S3: abort multipart uploads under the lake started before ``cutoff`` (a crashed writer's)."""
+        if self.protocol not in ("s3", "s3a") or not hasattr(self.fs, "call_s3"):
+            return 0
+        bucket, _, prefix = self.root.partition("/")
+        prefix = prefix + "/" if prefix else ""
+        resp = self._io("listing multipart uploads", self.fs.call_s3, "list_multipart_uploads", Bucket=bucket, Prefix=prefix)
+        n = 0
+        for up in resp.get("Uploads", []):
+            m = _TOKEN_TIME.search(up.get("Key", ""))
+            if m is None:  # not ours
+                continue
+            if int(m.group(1)) < cutoff:
+                self._io("aborting an upload", self.fs.call_s3, "abort_multipart_upload", Bucket=bucket, Key=up["Key"], UploadId=up["UploadId"])
+                n += 1
+        return n
 
     def __repr__(self) -> str:
         return f"Lake({self.url!r}{', read_only=True' if self.read_only else ''})"

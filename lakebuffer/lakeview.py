@@ -14,6 +14,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset  # noqa: F401 - pa.dataset in annotations
 
 from . import samplers as _samplers
 from .catalog import Catalog, check_predicate
@@ -39,9 +40,15 @@ class LakeView:
     def refresh(self) -> None:
         """See snapshots committed since the view was opened."""
         with self._catalog.lock:
-            self.lake.register(self._catalog.con, "rollouts", run_id=self.run_id)
+            self._dataset = self.lake.dataset(self.run_id)
+            self._catalog.con.register("__lakeview_rollouts", self._dataset)
+            self._catalog.con.execute(sql_text("lake_view").format(view="rollouts", source="__lakeview_rollouts"))
             cols = ", ".join(f'"{c}"' for c in self.meta_columns)
             self._catalog.con.execute(sql_text("lake_meta_view").replace("{columns}", cols))
+
+    def dataset(self) -> pa.dataset.Dataset:
+        """The pyarrow dataset this view is pinned to (its manifests as of ``open``/``refresh``)."""
+        return self._dataset
 
     def _check(self) -> None:
         if self._closed:
@@ -101,7 +108,8 @@ class LakeView:
         cols = list(columns) if columns is not None else list(self.schema.names)
         con = duckdb.connect()
         try:
-            self.lake.register(con, "rollouts", run_id=self.run_id)
+            con.register("__lakeview_rollouts", self._dataset)
+            con.execute(sql_text("lake_view").format(view="rollouts", source="__lakeview_rollouts"))
             sql = sql_text("lake_scan").replace("{columns}", ", ".join(f'"{c}"' for c in cols)).replace("{where}", pred)
             try:
                 reader = con.sql(sql).to_arrow_reader(batch_size)

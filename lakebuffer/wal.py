@@ -67,4 +67,10 @@ class WriteAheadLog:
         return sorted(out)
 
     def nbytes(self) -> int:
-        return sum(p.stat().st_size for p in self.path.glob("*.arrow"))
+        total = 0
+        for p in self.path.glob("*.arrow"):
+            try:
+                total += p.stat().st_size
+            except FileNotFoundError:  # removed by a write-back meanwhile
+                pass
+        return total

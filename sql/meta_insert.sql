@@ -1,1 +1,1 @@
-INSERT INTO meta SELECT * FROM meta_new
+INSERT INTO meta SELECT *, hash(key) AS _key_hash FROM meta_new

@@ -1,5 +1,5 @@
 -- Weighted sampling without replacement (Efraimidis-Spirakis), deterministic given the seed in {h}:
--- row i gets key u_i^(1/w_i) with u_i = (hash(key, seed) + 0.5) / 2^64 and the n largest keys win.
+-- row i gets key u_i^(1/w_i) with u_i in (0, 1) from its seeded key hash {h}, the n largest win.
 -- In log space that is the n smallest ln(-ln u_i) - ln w_i, which never under- or overflows, so
 -- {logw} (the log-weight) may be any finite DOUBLE; rows whose log-weight is NULL, NaN or -inf
 -- (weight 0) are never chosen.

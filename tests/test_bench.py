@@ -86,6 +86,6 @@ def test_quick_run_reports_every_system(tmp_path: Path) -> None:
     assert by_size and all(v["p99_ms"] >= v["p50_ms"] > 0 for v in by_size.values())
     assert sc["ingest"]["deque"]["rows_dropped"] > 0  # the RAM-only baseline ran out of budget
     assert "vs_rocksdb_pickle" in sc["ingest"]["ratio"] and "vs_disk" in sc["ingest"]["ratio"]
-    assert (tmp_path / "sample_latency.png").stat().st_size > 0
-    assert "ingest" in (tmp_path / "summary.md").read_text()
+    assert (tmp_path / "sample_latency-quick.png").stat().st_size > 0
+    assert "ingest" in (tmp_path / "results.md").read_text()
     assert summary(res).startswith("machine:")

@@ -7,6 +7,7 @@ generated rollouts in this process and returns (and optionally writes) the resul
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,14 @@ from .report import clean, machine, plot_sample_latency, summary, write_json
 from .scenarios import SCENARIOS, STEPS
 
 __all__ = ["FULL", "QUICK", "SCENARIOS", "Config", "run", "summary"]
+
+
+def _load() -> float | None:
+    """1-minute load average: a figure measured while the machine was busy says so here."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
 
 
 def run(
@@ -30,8 +39,9 @@ def run(
     """Run the benchmark scenarios and return the results.
 
     ``progress(message, steps_done, steps_total)`` is called as work advances (for a progress
-    bar). With ``out``, the JSON is written there, with ``summary.md`` and ``sample_latency.png``
-    beside it unless ``plot`` names another PNG path. ``config`` overrides the preset sizes.
+    bar). With ``out`` (``results.json``), the JSON is written there, the markdown summary beside
+    it (``results.md``) and the plot too (``sample_latency.png``, ``sample_latency-quick.png`` for a
+    quick run) unless ``plot`` names another PNG path. ``config`` overrides the preset sizes.
     """
     cfg = config or (QUICK if quick else FULL)
     names = list(scenarios) if scenarios else list(SCENARIOS)
@@ -41,6 +51,7 @@ def run(
     ctx = Context(cfg, progress)
     ctx.steps_total = sum(STEPS[n](cfg) for n in names)
     results: dict[str, Any] = {"machine": machine(), "quick": cfg.quick, "config": cfg.as_dict(), "scenarios": {}}
+    results["machine"]["loadavg_1m_at_start"] = _load()
     start = time.perf_counter()
     try:
         for name in names:
@@ -51,6 +62,7 @@ def run(
             except Exception as e:  # a broken scenario is reported, the others still run
                 res = error_entry(e)
             res["elapsed_s"] = time.perf_counter() - t0
+            res["loadavg_1m"] = _load()
             results["scenarios"][name] = res
         if "limits" not in results["scenarios"] and ctx.limits:
             results["scenarios"]["limits"] = dict(ctx.limits)
@@ -60,9 +72,10 @@ def run(
     results = clean(results)
     if out:
         write_json(results, out)
-        base = Path(out).parent
-        (base / "summary.md").write_text(summary(results) + "\n")
-        plot_sample_latency(results, plot or base / "sample_latency.png")
+        path = Path(out)
+        path.with_suffix(".md").write_text(summary(results) + "\n")
+        png = "sample_latency-quick.png" if cfg.quick else "sample_latency.png"
+        plot_sample_latency(results, plot or path.parent / png)
     elif plot:
         plot_sample_latency(results, plot)
     return results

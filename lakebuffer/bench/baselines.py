@@ -321,7 +321,7 @@ def torch_available() -> str | None:
         import torch  # noqa: F401
         import torchrl  # noqa: F401
     except Exception as e:  # ImportError, or a broken binary wheel
-        return f"unavailable: {type(e).__name__}: {e}"
+        return f"{type(e).__name__}: {e}"
     logging.getLogger("torchrl").setLevel(logging.WARNING)
     return None
 

@@ -104,7 +104,9 @@ def summary(results: dict[str, Any]) -> str:
     m = results.get("machine", {})
     parts.append(
         f"machine: {m.get('cores')} cores, {m.get('ram_gb')} GB RAM, {m.get('cpu', '')}; python {m.get('python')}; "
-        f"quick={results.get('quick')}; {results.get('elapsed_s', 0):.0f} s"
+        f"quick={results.get('quick')}; {results.get('elapsed_s', 0):.0f} s; 1-min load average at start "
+        f"{_f(m.get('loadavg_1m_at_start'), 1)}, per scenario: "
+        + ", ".join(f"{k} {_f(v.get('loadavg_1m'), 1)}" for k, v in sc.items() if isinstance(v, dict))
     )
     lim = sc.get("limits")
     if lim:
@@ -163,6 +165,7 @@ def summary(results: dict[str, Any]) -> str:
         d = sn.get("data", {})
         parts.append(f"### snapshot / restore on loopback S3 ({d.get('logical_bytes', 0) / 1e6:.0f} MB)\n"
                      + _table(["system", "snapshot GB/s", "restore GB/s", "snapshot s", "restore s"], rows)
+                     + _during(sn.get("lakebuffer", {}).get("push_during_snapshot"))
                      + "\n\nratio: " + _ratios(sn.get("ratio")))
     r = sc.get("peak_rss")
     if r and "error" not in r:
@@ -178,6 +181,13 @@ def summary(results: dict[str, Any]) -> str:
         parts.append("### peak RSS\n" + _table(["system", "peak RSS MB", "peak anon MB", "data MB", "passes budget at"], rows)
                      + "\n\nratio: " + _ratios(r.get("ratio")))
     return "\n\n".join(parts)
+
+
+def _during(d: dict[str, Any] | None) -> str:
+    if not d or "p99_ms_during" not in d:
+        return ""
+    return (f"\n\nlakebuffer push p50 / p99 without a snapshot {_f(d['p50_ms_without'], 1)} / {_f(d['p99_ms_without'], 1)} ms, "
+            f"during one {_f(d['p50_ms_during'], 1)} / {_f(d['p99_ms_during'], 1)} ms ({d['pushes']} pushes each)")
 
 
 def _ratios(r: dict[str, Any] | None) -> str:

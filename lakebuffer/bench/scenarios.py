@@ -399,6 +399,7 @@ def snapshot_restore(ctx: Context) -> dict[str, Any]:
                 runs[name].append(_baseline_snapshot(ctx, name, fs, server.url(f"{name}/t{trial}"), tables, rows))
             except Exception as e:
                 out[name] = error_entry(e)
+        _empty_bucket(fs, server.bucket)  # moto keeps objects in its RAM: start each trial lean
         ctx.say("snapshot trial done", advance=True)
     for name, rs in runs.items():
         if name in out or not rs:
@@ -418,8 +419,18 @@ def snapshot_restore(ctx: Context) -> dict[str, Any]:
             fig["snapshot_wire_gbps"] = gbps(up, fig["snapshot_s"])
             fig["restore_wire_gbps"] = gbps(up, fig["restore_s"])
         out[name] = fig
+    if "lakebuffer" not in out or "error" not in out["lakebuffer"]:
+        ctx.say("snapshot: lakebuffer push latency during a snapshot")
+        try:
+            out.setdefault("lakebuffer", {})["push_during_snapshot"] = _push_during_snapshot(ctx, server, tables)
+        except Exception as e:
+            out.setdefault("lakebuffer", {})["push_during_snapshot"] = error_entry(e)
+        _empty_bucket(fs, server.bucket)
     lb, raw = out.get("lakebuffer", {}), out.get("s3", {})
     ratio: dict[str, Any] = {}
+    during = lb.get("push_during_snapshot", {})
+    if "p99_ms_during" in during:
+        ratio["push_p99_during_vs_without"] = during["p99_ms_during"] / during["p99_ms_without"]
     if "snapshot_s" in lb and "put_s" in raw:
         ratio["snapshot_vs_s3"] = raw["put_s"] / lb["snapshot_s"]
         ratio["restore_vs_s3"] = raw["get_s"] / lb["restore_s"]
@@ -470,6 +481,58 @@ def _lakebuffer_snapshot(ctx: Context, server: Any, fs: Any, tables: list[pa.Tab
     shutil.rmtree(src_root, ignore_errors=True)
     shutil.rmtree(dst_root, ignore_errors=True)
     return {"snapshot_s": snap, "restore_s": restore, "restore_open_s": opened, "uploaded_bytes": uploaded, "files": files}
+
+
+def _push_during_snapshot(ctx: Context, server: Any, tables: list[pa.Table]) -> dict[str, Any]:
+    """Push latency with and without an upload in the background (issue: p99 within 2x).
+
+    The first half of the batches is pushed and snapshotted (so the lake exists), then the
+    second half is pushed twice over: once plainly, once right after ``snapshot(wait=False)``
+    queued the upload of everything new, so those pushes overlap the upload.
+    """
+    half = len(tables) // 2
+    kw = {"lake": server.url("lake/during"), "storage_options": server.storage_options, "run_id": "during"}
+    root = ctx.tmp("snap-during")
+    store = LakeBufferStore(root, ctx.cfg.budget_mb, **kw)
+    try:
+        for t in tables[:half]:
+            store.push(store.prepare(t))
+        store.finish()
+        store.buf.snapshot(wait=True)
+
+        def pushes(batch: list[pa.Table], shift: int) -> list[float]:
+            out = []
+            for i, t in enumerate(batch):
+                t = store.prepare(data.rollouts((shift + i) * ctx.cfg.batch_rows, t.num_rows, seed=5))
+                t0 = time.perf_counter()
+                store.push(t)
+                out.append(time.perf_counter() - t0)
+            return out
+
+        without = pushes(tables[half:], 10_000)
+        store.finish()
+        t0 = time.perf_counter()
+        store.buf.snapshot(wait=False)
+        during = pushes(tables[half:], 20_000)
+        pushed_s = time.perf_counter() - t0
+        store.finish()
+        snap_s = time.perf_counter() - t0
+    finally:
+        _close(store, root)
+    return {
+        "p50_ms_without": median(without) * 1e3,
+        "p99_ms_without": percentile(without, 99) * 1e3,
+        "p50_ms_during": median(during) * 1e3,
+        "p99_ms_during": percentile(during, 99) * 1e3,
+        "pushes": len(during),
+        "pushes_done_s": pushed_s,
+        "snapshot_done_s": snap_s,
+    }
+
+
+def _empty_bucket(fs: Any, bucket: str) -> None:
+    for entry in fs.ls(bucket, detail=False, refresh=True):
+        fs.rm(entry, recursive=True)
 
 
 def _raw_s3(fs: Any, files: list[str], dest: str) -> dict[str, Any]:

@@ -5,17 +5,19 @@ group id, ...), so a sample depends only on the seed and on which rows match, ne
 live (hot, warm, cold) or in which order they were inserted: the same seed gives the same keys
 after a restart.
 
-The hot path, "the k matching rows with the smallest ``hash(key, seed)``", is answered without a
+The hot path, "the k matching rows with the smallest seeded key hash", is answered without a
 top-N over every matching row: the query keeps only rows whose hash is under a threshold chosen so
-that about ``1.5 k`` rows pass (from the predicate's remembered density), then the k smallest are
-taken in Python. If fewer than k pass, the threshold grows and the query runs again; the result is
-exactly the top-k either way, the threshold only decides how much work is done.
+that about ``1.5 k`` rows pass (from the population this predicate shape had last time, estimated
+from the k-th smallest hash), and sorts just those. If fewer than k pass, the threshold grows and
+the query runs again; the result is exactly the top-k either way, the threshold only decides how
+much work is done.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -32,7 +34,7 @@ if TYPE_CHECKING:
 U64 = 1 << 64
 MAX_U64 = U64 - 1
 #: meta column holding ``hash(key)``, if the catalog keeps one (hashing an integer is ~2x cheaper
-#: than hashing the key string); ``hash(_key_hash, seed) == hash(hash(key), seed)`` either way.
+#: than hashing the key string); the seeded hash is the same value with or without it.
 KEY_HASH_COLUMN = "_key_hash"
 
 _META_COLUMNS: weakref.WeakKeyDictionary[Any, frozenset[str]] = weakref.WeakKeyDictionary()
@@ -41,6 +43,7 @@ _TOTALS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 #: population estimates of recent predicates (by shape), used only to size hash thresholds
 _POPULATION: OrderedDict[tuple, float] = OrderedDict()
 _CACHE_MAX = 512
+_CACHE_LOCK = threading.Lock()  # the caches are shared by every buffer of the process
 _NUMBER = re.compile(r"(?<![\w'])\d+(?:\.\d*)?(?:[eE][-+]?\d+)?")
 
 
@@ -71,19 +74,22 @@ def resolve(catalog: Catalog, where: str | None, *parts: str | None) -> tuple[st
     if pred == "TRUE":
         return "meta", pred
     shape = shape_of(pred)
-    known = _SOURCES.get(catalog)
-    if known is not None and shape in known:
-        return known[shape], pred
+    with _CACHE_LOCK:
+        known = _SOURCES.get(catalog)
+        if known is not None and shape in known:
+            return known[shape], pred
     source = catalog.source_for(pred)
-    if known is None:
-        known = {}
-        try:
-            _SOURCES[catalog] = known
-        except TypeError:
-            return source, pred
-    if len(known) >= _CACHE_MAX:
-        known.clear()
-    known[shape] = source
+    with _CACHE_LOCK:
+        known = _SOURCES.get(catalog)
+        if known is None:
+            known = {}
+            try:
+                _SOURCES[catalog] = known
+            except TypeError:
+                return source, pred
+        if len(known) >= _CACHE_MAX:
+            known.clear()
+        known[shape] = source
     return source, pred
 
 
@@ -111,15 +117,20 @@ def meta_columns(catalog: Catalog) -> frozenset[str]:
 
 
 def key_hash(catalog: Catalog, source: str, seed: int) -> str:
-    """SQL for the seeded 64-bit hash of each row's key (``hash(hash(key), seed)``)."""
+    """SQL for the seeded 64-bit hash of each row's key: ``hash(xor(hash(key), seed))``.
+
+    Not ``hash(key, seed)``: DuckDB combines the hashes of several arguments by XOR with the last
+    one, so ordering by ``hash(key, seed)`` is one fixed order XOR a constant, and the same rows
+    keep being drawn together whatever the seed. Mixing after the XOR makes every seed's order
+    an independent-looking permutation.
+    """
     base = KEY_HASH_COLUMN if source == "meta" and KEY_HASH_COLUMN in meta_columns(catalog) else "hash(key)"
-    return f"hash({base}, {int(seed)}::UBIGINT)"
+    return f"hash(xor({base}, {int(seed)}::UBIGINT))"
 
 
 def value_hash(exprs: Sequence[str], seed: int) -> str:
-    """SQL for the seeded hash of one or more values (group ids, episode/team ids)."""
-    inner = ", ".join(f"hash({e})" for e in exprs)
-    return f"hash({inner}, {int(seed)}::UBIGINT)"
+    """SQL for the seeded hash of one or more values (group ids, episode/team ids), mixed as above."""
+    return f"hash(xor(hash({', '.join(exprs)}), {int(seed)}::UBIGINT))"
 
 
 def uniform01(h: str) -> str:
@@ -139,10 +150,11 @@ def shape_of(pred: str) -> str:
 
 
 def _remember(key: tuple, population: float) -> None:
-    _POPULATION[key] = population
-    _POPULATION.move_to_end(key)
-    while len(_POPULATION) > _CACHE_MAX:
-        _POPULATION.popitem(last=False)
+    with _CACHE_LOCK:
+        _POPULATION[key] = population
+        _POPULATION.move_to_end(key)
+        while len(_POPULATION) > _CACHE_MAX:
+            _POPULATION.popitem(last=False)
 
 
 def _total_rows(catalog: Catalog) -> int:
@@ -179,13 +191,14 @@ def smallest_by_hash(
 
     ``template`` must return a column ``h``, keep only rows with ``h <= {t}`` and return the
     ``{n}`` first by ``h`` (ties broken by a unique column, so the answer is exact). Returns
-    ``(rows in order, exhausted)`` where ``exhausted`` means every matching row was considered,
-    so fewer than ``k`` rows means fewer than ``k`` exist. The threshold is sized from the
+    ``(rows in order, exhausted)`` where ``exhausted`` means fewer than ``k`` rows exist (all
+    were returned). The threshold is sized from the
     population this predicate shape had last time (else from the table size); ``count``
     (optional) gives the exact population, used once when that estimate was too high.
     """
     tables = tables or {}
-    population = _POPULATION.get(cache_key)
+    with _CACHE_LOCK:
+        population = _POPULATION.get(cache_key)
     if population is None:
         population = float(_total_rows(catalog))
     frac = 1.0 if k <= 0 else _fraction(k, population)
@@ -214,7 +227,14 @@ def smallest_by_hash(
         else:
             estimate = float(found)
         _remember(cache_key, max(estimate, 1.0))
-    return rows, frac >= 1.0
+    return rows, frac >= 1.0 and found < k
+
+
+def next_k(k: int, wanted: int, got: int, candidates: int, valid: int) -> int:
+    """How many candidates to ask for next when ``valid`` of ``candidates`` passed and ``got`` of
+    ``wanted`` units are in hand: at least double, else enough at the observed pass rate."""
+    rate = max(valid, 1) / max(candidates, 1)
+    return max(2 * k, math.ceil(k + 1.3 * (wanted - got) / rate))
 
 
 def uniform_keys(

@@ -85,11 +85,12 @@ class GroupSampler(Sampler):
                     enough = take >= n
                 if enough or exhausted:
                     break
-                rate = max(len(ok_idx), 1) / max(cand.num_rows, 1)
                 per_group = float(sizes[ok_idx].mean()) if len(ok_idx) else size_guess
-                missing = (n - got) / per_group if rows_unit else n - got
-                k = max(2 * k, math.ceil(k + 1.3 * missing / rate))
+                wanted, have = (n / per_group, got / per_group) if rows_unit else (n, got)
+                k = c.next_k(k, math.ceil(wanted), math.floor(have), cand.num_rows, len(ok_idx))
         if len(ok_idx):
+            if len(_SIZE_GUESS) > 512:
+                _SIZE_GUESS.clear()
             _SIZE_GUESS[cache_key] = float(sizes[ok_idx].mean())
         self.check_enough(n, got, pred, "rows" if rows_unit else self.unit_name)
         chosen = ok_idx[:take]

@@ -16,8 +16,8 @@ class MaxReuseSampler(FilteredSampler):
     """Only rows with ``sample_count < k`` are eligible; the base sampler chooses among them.
 
     Options:
-        k: the most times any rollout is returned by this sampler's calls (default 1: each
-            rollout at most once, i.e. on-policy "use once" batches).
+        k: a rollout already sampled ``k`` times (its ``sample_count``, which every sampler's
+            draws increment) is no longer eligible (default 1: each rollout at most once).
         base: the sampler applied to the eligible rows (default ``"uniform"``, which must be
             without replacement); other options go to it.
 

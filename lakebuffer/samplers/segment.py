@@ -23,10 +23,11 @@ class SegmentSampler(Sampler):
             ``stride=length`` gives non-overlapping aligned chunks).
         allow_fewer: return fewer segments instead of raising.
 
-    Segments are sampled uniformly without replacement among all valid segments; distinct
-    segments may overlap (share rows) unless ``stride >= length``. Returns ``n * length`` keys,
-    segment after segment, each in step order. Raises ``NotEnoughRowsError`` when fewer than
-    ``n`` segments exist.
+    Segments are sampled uniformly without replacement among all valid segments (the valid
+    starts of smallest seeded hash; candidates are drawn by a hash threshold, then checked);
+    distinct segments may overlap (share rows) unless ``stride >= length``. Returns
+    ``n * length`` keys, segment after segment, each in step order. Raises
+    ``NotEnoughRowsError`` when fewer than ``n`` segments exist.
     """
 
     name = "segment"
@@ -46,9 +47,34 @@ class SegmentSampler(Sampler):
         if n == 0:
             return c.empty_keys()
         source, pred = c.resolve(catalog, where)
-        sql = catalog.render("sample_segments", source=source, where=pred, h=c.value_hash(["key"], seed),
-                             length=self.length, last=self.length - 1, stride=self.stride, n=n)
-        rows = catalog.query(sql, sync=False)
-        found = len(pc.unique(rows.column("seg"))) if rows.num_rows else 0
-        self.check_enough(n, found, pred, "segments")
-        return rows.column("key").combine_chunks()
+        fields = {"source": source, "where": pred, "h": c.key_hash(catalog, source, seed),
+                  "stride": self.stride, "length": self.length, "last": self.length - 1}
+        cache_key = ("segment", id(catalog), source, self.length, self.stride, c.shape_of(pred))
+        k = max(n, int(n / _PASS_RATE.get(cache_key, 0.5)))
+        with catalog.lock:
+            while True:
+                starts, exhausted = c.smallest_by_hash(catalog, k, template="sample_segment_starts",
+                                                       fields=fields, cache_key=cache_key)
+                rows = catalog.query(catalog.render("sample_segment_rows", **fields), sync=False,
+                                     sample_starts=starts.select(["key", "e", "a", "step"]))
+                stats = rows.group_by("start").aggregate([("step", "count"), ("step", "count_distinct")])
+                ok = pc.and_(pc.equal(stats.column("step_count"), self.length),
+                             pc.equal(stats.column("step_count_distinct"), self.length))
+                valid = pc.is_in(starts.column("key"), value_set=stats.column("start").filter(ok))
+                valid_idx = np.flatnonzero(valid.to_numpy(zero_copy_only=False))
+                if len(valid_idx) >= n or exhausted:
+                    break
+                k = c.next_k(k, n, len(valid_idx), starts.num_rows, len(valid_idx))
+        if starts.num_rows:
+            if len(_PASS_RATE) > 512:
+                _PASS_RATE.clear()
+            _PASS_RATE[cache_key] = max(len(valid_idx), 1) / starts.num_rows
+        self.check_enough(n, len(valid_idx), pred, "segments")
+        chosen = starts.column("key").take(pa.array(valid_idx[:n], pa.int64()))
+        slot = pc.index_in(rows.column("start"), value_set=chosen)
+        picked = rows.append_column("_slot", slot).filter(pc.is_valid(slot))
+        picked = picked.sort_by([("_slot", "ascending"), ("step", "ascending")])
+        return picked.column("key").combine_chunks()
+
+
+_PASS_RATE: dict[tuple, float] = {}

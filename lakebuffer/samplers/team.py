@@ -22,10 +22,10 @@ class TeamSampler(Sampler):
         min_steps: a team is eligible with at least this many complete steps (default 1).
         allow_fewer: return fewer teams instead of raising.
 
-    Teams are sampled uniformly without replacement (smallest seeded hash of the pair) and come
-    back one after another; within a team rows are ordered by ``(step, agent_id)``, so the rows of
-    a team reshape to ``[steps, agents]``. Raises ``NotEnoughRowsError`` when fewer than ``n``
-    eligible teams exist.
+    Teams are sampled uniformly without replacement (the eligible teams of smallest seeded hash
+    of the pair; candidates come from a hash threshold, then are checked) and come back one after
+    another; within a team rows are ordered by ``(step, agent_id)``, so a team's rows reshape to
+    ``[steps, agents]``. Raises ``NotEnoughRowsError`` when fewer than ``n`` eligible teams exist.
     """
 
     name = "team"
@@ -42,9 +42,33 @@ class TeamSampler(Sampler):
         if n == 0:
             return c.empty_keys()
         source, pred = c.resolve(catalog, where)
-        sql = catalog.render("sample_teams", source=source, where=pred, th=c.value_hash(["e", "t"], seed),
-                             min_steps=self.min_steps, n=n)
-        rows = catalog.query(sql, sync=False)
-        found = len(pc.unique(rows.column("team"))) if rows.num_rows else 0
-        self.check_enough(n, found, pred, "teams")
-        return rows.column("key").combine_chunks()
+        fields = {"source": source, "where": pred, "th": c.value_hash(["episode_id", "team_id"], seed)}
+        cache_key = ("team", id(catalog), source, self.min_steps, c.shape_of(pred))
+        k = max(n, int(n / _PASS_RATE.get(cache_key, 0.8)))
+        with catalog.lock:
+            while True:
+                teams, exhausted = c.smallest_by_hash(catalog, k, template="sample_team_candidates",
+                                                      fields=fields, cache_key=cache_key)
+                rows = catalog.query(catalog.render("sample_team_rows", **fields), sync=False,
+                                     sample_teams=teams.select(["e", "tm", "h"]))
+                steps = rows.group_by("h").aggregate([("step", "count_distinct")])
+                eligible = steps.column("h").filter(pc.greater_equal(steps.column("step_count_distinct"),
+                                                                     self.min_steps))
+                valid_idx = np.flatnonzero(pc.is_in(teams.column("h"), value_set=eligible)
+                                           .to_numpy(zero_copy_only=False))
+                if len(valid_idx) >= n or exhausted:
+                    break
+                k = c.next_k(k, n, len(valid_idx), teams.num_rows, len(valid_idx))
+        if teams.num_rows:
+            if len(_PASS_RATE) > 512:
+                _PASS_RATE.clear()
+            _PASS_RATE[cache_key] = max(len(valid_idx), 1) / teams.num_rows
+        self.check_enough(n, len(valid_idx), pred, "teams")
+        chosen = teams.column("h").take(pa.array(valid_idx[:n], pa.int64()))
+        slot = pc.index_in(rows.column("h"), value_set=chosen)
+        picked = rows.append_column("_slot", slot).filter(pc.is_valid(slot))
+        picked = picked.sort_by([("_slot", "ascending"), ("step", "ascending"), ("agent_id", "ascending")])
+        return picked.column("key").combine_chunks()
+
+
+_PASS_RATE: dict[tuple, float] = {}

@@ -19,7 +19,7 @@ class UniformSampler(Sampler):
             raising ``NotEnoughRowsError``; with replacement only an empty match is short.
 
     Without replacement the sample is the ``n`` matching rows with the smallest
-    ``hash(hash(key), seed)``: a uniformly random subset in uniformly random order, independent of
+    ``hash(xor(hash(key), seed))``: a uniformly random subset in uniformly random order, independent of
     the tier or insertion order of the rows. DuckDB evaluates it as a filtered scan with a hash
     threshold sized for about ``1.5 n`` rows (see ``_common.smallest_by_hash``), not a top-N.
 
