@@ -497,13 +497,9 @@ class ReplayBuffer:
         """
         self._check()
         strategy = _samplers.resolve(sampler, **options)
-        check_predicate(where)
         if strategy.needs_counts:
             self.tasks.drain()
-        rng = np.random.default_rng(seed)
-        keys = strategy.sample(self._catalog_for_sampling(), int(n), where, rng)
-        if isinstance(keys, pa.ChunkedArray):
-            keys = keys.combine_chunks()
+        keys = _samplers.draw(strategy, self._catalog_for_sampling(), n, where, seed)
         self._count_replays(keys)
         if strategy.needs_counts:
             self.tasks.drain()

@@ -11,7 +11,6 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import duckdb
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset  # noqa: F401 - pa.dataset in annotations
@@ -75,11 +74,7 @@ class LakeView:
     ) -> pa.Table | pa.Array:
         """Same contract as ``ReplayBuffer.sample``, over the lake's rows."""
         self._check()
-        strategy = _samplers.resolve(sampler, **options)
-        check_predicate(where)
-        keys = strategy.sample(self._catalog, int(n), where, np.random.default_rng(seed))
-        if isinstance(keys, pa.ChunkedArray):
-            keys = keys.combine_chunks()
+        keys = _samplers.draw(_samplers.resolve(sampler, **options), self._catalog, n, where, seed)
         return keys if return_keys else self.get(keys, columns)
 
     def get(self, keys: Sequence[str] | pa.Array, columns: Sequence[str] | None = None) -> pa.Table:

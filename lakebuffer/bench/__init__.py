@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .context import FULL, QUICK, Config, Context, Progress, error_entry
-from .report import clean, machine, plot_sample_latency, summary, write_json
+from .report import clean, machine, plot_sample_latency, summary, targets, write_json
 from .scenarios import SCENARIOS, STEPS
 
 __all__ = ["FULL", "QUICK", "SCENARIOS", "Config", "run", "summary"]
@@ -69,6 +69,7 @@ def run(
     finally:
         ctx.close()
     results["elapsed_s"] = time.perf_counter() - start
+    results["targets"] = targets(results)
     results = clean(results)
     if out:
         write_json(results, out)

@@ -180,7 +180,50 @@ def summary(results: dict[str, Any]) -> str:
                              f"{oob['logical_bytes'] / 1e6:.0f} MB" if oob else "never"])
         parts.append("### peak RSS\n" + _table(["system", "peak RSS MB", "peak anon MB", "data MB", "passes budget at"], rows)
                      + "\n\nratio: " + _ratios(r.get("ratio")))
+    if any(k in sc for k in ("ingest", "sample", "snapshot_restore", "peak_rss")):
+        parts.append("### targets\n" + targets_table(results))
     return "\n\n".join(parts)
+
+
+def _get(d: Any, *path: str) -> Any:
+    for p in path:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(p)
+    return d
+
+
+def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issues' performance targets, each with the measured value and whether it is met."""
+    sc = results.get("scenarios", {})
+    sizes = sorted(int(k) for k in (_get(sc, "sample", "lakebuffer", "by_size") or {}))
+    top = str(sizes[-1]) if sizes else None
+    rss = _get(sc, "peak_rss", "lakebuffer") or {}
+    rows = [
+        ("ingest >= 10x rocksdb_pickle (#7)", _get(sc, "ingest", "ratio", "vs_rocksdb_pickle"), ">=", 10.0, "x"),
+        ("ingest >= 50% of disk write+fsync (#2, #7)", _get(sc, "ingest", "ratio", "vs_disk"), ">=", 0.5, "of limit"),
+        ("wal ingest >= 60% of memory mode (#5)", _get(sc, "ingest", "ratio", "wal_vs_memory"), ">=", 0.6, "of memory"),
+        (f"sample p99 <= 20 ms at {int(top):,} rollouts (#4, #7)" if top else "sample p99 <= 20 ms at 10M (#4, #7)",
+         _get(sc, "sample", "lakebuffer", "by_size", top, "p99_ms") if top else None, "<=", 20.0, "ms"),
+        ("sample p99 growth 1M -> 10M < 3x (#4)", _get(sc, "sample", "ratio", "growth_p99", "lakebuffer"), "<", 3.0, "x"),
+        ("snapshot >= 70% of raw s3fs put (#3)", _get(sc, "snapshot_restore", "ratio", "snapshot_vs_s3"), ">=", 0.7, "of raw"),
+        ("restore >= 70% of raw s3fs get (#3, #7)", _get(sc, "snapshot_restore", "ratio", "restore_vs_s3"), ">=", 0.7, "of raw"),
+        ("push p99 during a snapshot <= 2x without (#3)", _get(sc, "snapshot_restore", "ratio", "push_p99_during_vs_without"), "<=", 2.0, "x"),
+        ("peak RSS <= budget + 30% + 300 MB (#7)", (rss.get("peak_rss_bytes") or 0) / 1e6 or None, "<=", (rss.get("target_bytes") or 0) / 1e6 or None, "MB"),
+    ]
+    out = []
+    for name, value, op, goal, unit in rows:
+        met = None
+        if isinstance(value, (int, float)) and isinstance(goal, (int, float)):
+            met = {">=": value >= goal, "<=": value <= goal, "<": value < goal}[op]
+        out.append({"target": name, "measured": value, "goal": goal, "op": op, "unit": unit, "met": met})
+    return out
+
+
+def targets_table(results: dict[str, Any]) -> str:
+    rows = [[t["target"], f"{_f(t['measured'], 2)} {t['unit']}", f"{t['op']} {_f(t['goal'], 2)}",
+             {True: "met", False: "**not met**", None: "not measured"}[t["met"]]] for t in targets(results)]
+    return _table(["target", "measured", "goal", "status"], rows)
 
 
 def _during(d: dict[str, Any] | None) -> str:

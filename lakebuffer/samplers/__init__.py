@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+
 from .base import Sampler
 from .episode import EpisodeSampler
 from .filtered import FilteredSampler
@@ -64,6 +67,15 @@ def resolve(sampler: str | Sampler | type[Sampler] | None, **options: Any) -> Sa
             raise TypeError("options are given to the sampler's constructor, not with an instance")
         return sampler
     raise TypeError(f"sampler must be a name, a Sampler class or instance, not {type(sampler).__name__}")
+
+
+def draw(strategy: Sampler, catalog: Any, n: int, where: str | None, seed: int | None) -> pa.Array:
+    """Run ``strategy`` with a seeded RNG; the keys as one Arrow array (shared by buffers and lake views)."""
+    from ..catalog import check_predicate
+
+    check_predicate(where)
+    keys = strategy.sample(catalog, int(n), where, np.random.default_rng(seed))
+    return keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
 
 
 for _cls in (
