@@ -37,7 +37,7 @@ from .hot import HotTier, table_bytes
 from .index import BatchInfo, KeyIndex
 from .lake import Lake
 from .resources import sql_text
-from .schema import conform, merge_schema, metadata_columns, to_table
+from .schema import conform, key_list, merge_schema, metadata_columns, projection, to_table
 from .tasks import P0, P1, TaskQueue
 from .wal import WriteAheadLog
 from .warm import WarmTier
@@ -428,12 +428,8 @@ class ReplayBuffer:
     def get(self, keys: Sequence[str] | pa.Array, columns: Sequence[str] | None = None) -> pa.Table:
         """Rows for ``keys`` in the order given, with only ``columns`` read (all if None)."""
         self._check()
-        keys = keys.to_pylist() if isinstance(keys, (pa.Array, pa.ChunkedArray)) else list(keys)
-        cols = list(columns) if columns is not None else list(self.schema.names)
-        bad = [c for c in cols if c not in self.schema.names]
-        if bad:
-            raise SchemaError(f"unknown column {bad[0]!r}; the buffer has {', '.join(self.schema.names)}")
-        fetch = cols if "key" in cols else [*cols, "key"]
+        keys = key_list(keys)
+        cols, fetch = projection(self.schema, columns)
         out_schema = pa.schema([self.schema.field(c) for c in fetch])
         if not keys:
             return pa.schema([self.schema.field(c) for c in cols]).empty_table()

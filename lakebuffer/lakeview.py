@@ -17,10 +17,10 @@ import pyarrow.dataset  # noqa: F401 - pa.dataset in annotations
 
 from . import samplers as _samplers
 from .catalog import Catalog, check_predicate
-from .errors import ClosedError, KeyNotFoundError, QueryError, ReadOnlyError, SchemaError
+from .errors import ClosedError, KeyNotFoundError, QueryError, ReadOnlyError
 from .lake import Lake
 from .resources import sql_text
-from .schema import metadata_columns
+from .schema import key_list, metadata_columns, projection
 
 
 class LakeView:
@@ -80,12 +80,8 @@ class LakeView:
     def get(self, keys: Sequence[str] | pa.Array, columns: Sequence[str] | None = None) -> pa.Table:
         """Rows for ``keys`` in the given order (a scan of the key column with file pruning by key)."""
         self._check()
-        keys = keys.to_pylist() if isinstance(keys, (pa.Array, pa.ChunkedArray)) else list(keys)
-        cols = list(columns) if columns is not None else list(self.schema.names)
-        bad = [c for c in cols if c not in self.schema.names]
-        if bad:
-            raise SchemaError(f"unknown column {bad[0]!r}")
-        fetch = cols if "key" in cols else [*cols, "key"]
+        keys = key_list(keys)
+        cols, fetch = projection(self.schema, columns)
         wanted = pa.table({"key": pa.array(keys, pa.string())})
         sql = sql_text("lake_get").replace("{columns}", ", ".join(f'r."{c}"' for c in fetch))
         found = self._catalog.query(sql, sync=False, wanted=wanted)

@@ -88,6 +88,20 @@ def _is_binary(t: pa.DataType) -> bool:
     return pa.types.is_binary(t) or pa.types.is_large_binary(t)
 
 
+def projection(schema: pa.Schema, columns: Any) -> tuple[list[str], list[str]]:
+    """The columns asked for (all if None) and the columns to read: those plus ``key`` (to align rows)."""
+    cols = list(columns) if columns is not None else list(schema.names)
+    bad = [c for c in cols if c not in schema.names]
+    if bad:
+        raise SchemaError(f"unknown column {bad[0]!r}; the schema has {', '.join(schema.names)}")
+    return cols, cols if "key" in cols else [*cols, "key"]
+
+
+def key_list(keys: Any) -> list[str]:
+    """Keys given as an Arrow array or any sequence, as a Python list."""
+    return keys.to_pylist() if isinstance(keys, (pa.Array, pa.ChunkedArray)) else list(keys)
+
+
 def merge_schema(user: pa.Schema | None) -> pa.Schema:
     """The buffer schema: the rollout schema plus the user's extra columns (built-ins may not change type)."""
     if user is None:
