@@ -872,8 +872,8 @@ class Lake:
     one). ``row_group_bytes`` (uncompressed Arrow bytes) / ``row_group_rows`` bound Parquet row
     groups (whichever comes first); ``target_file_bytes`` rotates snapshot files (``compact`` merges
     them into larger ones later; several files per snapshot let restore overlap fetching and decoding);
-    ``encode_threads`` (default: CPUs, at most 4) encode row groups of one partition into that many
-    files in parallel.
+    ``encode_threads`` (default: half the CPUs, at most 4; the other half is left to the upload)
+    encode row groups of one partition into that many files in parallel.
     Uploads: encoded bytes go to S3 in ``upload_part_bytes`` multipart parts, ``upload_concurrency``
     in flight. Reads: ``read_concurrency`` fetch threads, ``read_ahead_bytes`` ahead, ``ranged_reads``
     (see ``_BlockReader``), ``verify_reads`` checks checksums on every restore/compaction read.
@@ -904,7 +904,7 @@ class Lake:
         self.row_group_bytes = int(row_group_bytes)
         self.row_group_rows = int(row_group_rows)
         self.target_file_bytes = int(target_file_bytes)
-        self.encode_threads = int(encode_threads) if encode_threads else max(1, min(4, os.cpu_count() or 1))
+        self.encode_threads = int(encode_threads) if encode_threads else max(1, min(4, (os.cpu_count() or 2) // 2))
         self.upload_chunk_bytes = int(upload_chunk_bytes)
         self.upload_part_bytes = int(upload_part_bytes)
         self.upload_concurrency = int(upload_concurrency)
@@ -1100,7 +1100,13 @@ class Lake:
             return
         created_at, _ = _now()
         doc = {"format": LAKE_FORMAT, "policy_bucket_size": self.policy_bucket_size, "created_at": created_at}
-        if not self._io("writing lake settings", self._put_exclusive, LAKE_META, json.dumps(doc, indent=1).encode()):
+        try:
+            created = self._io("writing lake settings", self._put_exclusive, LAKE_META, json.dumps(doc, indent=1).encode())
+        except LakeError:
+            if self._read_lake_meta() is None:  # not a lost reply: it really failed
+                raise
+            created = False
+        if not created:
             stored = self._read_lake_meta() or {}
             if int(stored.get("policy_bucket_size", self.policy_bucket_size)) != self.policy_bucket_size:
                 raise LakeError(
@@ -1598,6 +1604,7 @@ class Lake:
         row_schema: pa.Schema | None = None
         file_schema: pa.Schema | None = None
         user_error: BaseException | None = None
+        committing = False
         it = _iter_input(batches)
         try:
             while True:
@@ -1670,6 +1677,7 @@ class Lake:
             elif len(dkeys):
                 delete_entry = self._write_delete_file(run_id, sid, dkeys)
             schema_for_manifest = row_schema or (_schema_from_b64(parent["schema"]) if parent and parent.get("schema") else _with_run_id(ROLLOUT_SCHEMA))
+            committing = True  # from here on a failure may leave a manifest that landed: keep the files
             return self._commit(
                 run_id,
                 parent,
@@ -1683,11 +1691,12 @@ class Lake:
                 extra={"added_rows": nrows, "deleted_keys_added": len(dkeys), "resurrected_keys": len(resurrected)},
             )
         except BaseException as e:
-            for w in (writer, rewriter):
-                if w is not None:
-                    w.abort()
-            if delete_entry is not None:
-                self._remove_quietly([delete_entry["path"]])
+            if not committing:  # nothing references these files: try to remove them (gc gets the rest)
+                for w in (writer, rewriter):
+                    if w is not None:
+                        w.abort()
+                if delete_entry is not None:
+                    self._remove_quietly([delete_entry["path"]])
             if e is user_error or isinstance(e, (LakeBufferError, KeyboardInterrupt)):
                 raise
             raise LakeError(
@@ -1794,9 +1803,11 @@ class Lake:
                 # parallel encoders only where the partition fills several target-size files
                 lanes = {b: min(self.encode_threads, max(1, n // target_file_bytes)) for b, n in in_bytes.items()}
                 writer = _Writer(self, r, parent["snapshot_id"] + 1, file_schema, target_file_bytes, tag="c", lanes=lanes)
+                committing = False
                 try:
                     self._copy_rows(chosen, writer, tomb, file_schema, progress=tick)
                     entries = writer.finish()
+                    committing = True  # a failure now may leave a landed manifest: keep the files
                     m = self._commit(
                         r,
                         parent,
@@ -1809,7 +1820,8 @@ class Lake:
                         meta={"compaction": {"target_file_bytes": target_file_bytes, "parent_id": parent["snapshot_id"]}},
                     )
                 except BaseException as e:
-                    writer.abort()
+                    if not committing:
+                        writer.abort()
                     if isinstance(e, (LakeBufferError, KeyboardInterrupt)):
                         raise
                     raise LakeError(f"compaction of run {r!r} in lake {self.url} failed, nothing was committed: {type(e).__name__}: {e}") from e

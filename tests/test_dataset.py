@@ -327,10 +327,12 @@ def test_iterating_a_lake_larger_than_the_memory_budget(tmp_path):
     files = sorted(str(p) for p in root.iterdir())
     lake_bytes = sum(os.path.getsize(p) for p in files)
     assert lake_bytes > 250e6
-    small, full = _stream_in_child(files[:3]), _stream_in_child(files)
-    assert (small["rows"], full["rows"]) == (rows // 4, rows)
+    # both sizes exceed the scanner's own queue (Acero pauses a scan at ~64 MiB of queued batches),
+    # so a slow consumer (a loaded machine) fills that queue in both and the comparison stays fair
+    small, full = _stream_in_child(files[:6]), _stream_in_child(files)
+    assert (small["rows"], full["rows"]) == (rows // 2, rows)
     assert full["held"] <= 512 + 128
-    # Arrow's peak allocation is set by the buffers, not by the lake: 4x the data, about the same peak
+    # Arrow's peak allocation is set by the buffers, not by the lake: 2x the data, about the same peak
     assert full["pool"] < small["pool"] + 32e6, (small, full)
     assert full["pool"] < 0.5 * lake_bytes and full["peak"] - full["base"] < 0.5 * lake_bytes, full
 

@@ -149,7 +149,7 @@ def file_bytes(lake: Lake, rel: str) -> bytes:
 
 
 def test_commit_and_read_back_equals_input(where):
-    lake = where.lake()
+    lake = where.lake(encode_threads=2, row_group_rows=40)  # two encoder lanes (files) per partition
     t = rollouts(300, versions=(0, 1, 2, 5))
     # a Table, a single mixed-version batch and a list of batches in one snapshot
     parts = [t.slice(0, 100), t.slice(100, 50).to_batches()[0], *t.slice(150).to_batches(max_chunksize=40)]
@@ -157,7 +157,7 @@ def test_commit_and_read_back_equals_input(where):
 
     assert m["snapshot_id"] == 1 and m["parent_id"] is None and m["meta"] == {"note": "first"}
     assert sum(f["rows"] for f in m["files"]) == 300
-    assert sorted({f["policy_bucket"] for f in m["files"]}) == [0, 1, 2, 5]
+    assert sorted({f["policy_bucket"] for f in m["files"]}) == [0, 1, 2, 5] and len(m["files"]) == 8
     for f in m["files"]:  # layout and checksums computed while streaming match the stored bytes
         assert f["path"].startswith(f"run_id=run-a/policy_bucket={f['policy_bucket']}/part-00000001-")
         data = file_bytes(lake, f["path"])
@@ -737,3 +737,29 @@ def test_checksum_mismatch_raises_corruption_naming_the_file(where):
     lake.fs.pipe_file(lake._abs(d["path"]), b"garbage")
     with pytest.raises(CorruptionError, match=d["path"].rsplit("/", 1)[1]):
         where.lake().deleted_keys("run-a")
+
+
+def test_commit_whose_reply_was_lost_is_recognised(tmp_path, monkeypatch):
+    lake = Lake(str(tmp_path / "lake"))
+    t = rollouts(20)
+    put = lake._put_exclusive
+
+    def put_then_fail(rel, data):
+        put(rel, data)  # the manifest lands, but the caller hears an error (a lost reply)
+        raise OSError("connection reset after the write")
+
+    monkeypatch.setattr(lake, "_put_exclusive", put_then_fail)
+    m = lake.commit_snapshot("run-a", [t])
+    assert m["snapshot_id"] == 1 and lake.snapshots("run-a") == [1]
+    same(lake.dataset().to_table(), t)
+    lake.verify()  # its files were kept
+
+
+def test_file_urls_and_plain_paths_name_the_same_lake(tmp_path, monkeypatch):
+    t = rollouts(30)
+    Lake(f"file://{tmp_path}/lake").commit_snapshot("run-a", [t])
+    monkeypatch.chdir(tmp_path)
+    lake = Lake("lake", read_only=True)
+    assert lake.url == str(tmp_path / "lake") and lake.runs() == ["run-a"]
+    same(lake.dataset().to_table(), t)
+    assert all(os.path.isabs(f) and os.path.exists(f) for f in lake.files())
