@@ -818,6 +818,8 @@ class ReplayBuffer:
         self._check()
         with self._snap_lock:
             res = self.lake.compact(self.run_id, target_file_bytes=target_file_bytes, progress=progress)
+            # files replaced more than an hour ago (by earlier compactions) are no reader's any more
+            res["gc_removed"] = self.lake.gc(older_than_s=3600)
         self._refresh_cold()
         return res
 
