@@ -452,14 +452,11 @@ class ReplayBuffer:
                     info = self._batches[bid]
                     warm_reads.append((info.fragment, info.offset + pos[idx], idx))
             ds_warm = self.warm
-        by_frag: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
-        for frag, rows, idx in warm_reads:
-            by_frag.setdefault(frag, []).append((rows, idx))
-        for frag, items in by_frag.items():
-            rows = np.concatenate([r for r, _ in items])
-            idx = np.concatenate([i for _, i in items])
-            parts.append(ds_warm.take(frag, rows, fetch).select(fetch))
-            order.append(idx)
+        if warm_reads:
+            frags = np.concatenate([np.full(len(r), f, dtype=np.int64) for f, r, _ in warm_reads])
+            rows = np.concatenate([r for _, r, _ in warm_reads])
+            parts.append(ds_warm.take(frags, rows, fetch).select(fetch))
+            order.append(np.concatenate([i for _, _, i in warm_reads]))
         table = pa.concat_tables([p.cast(out_schema) for p in parts])
         inverse = np.argsort(np.concatenate(order))
         table = table.take(pa.array(inverse))

@@ -100,21 +100,35 @@ class WarmTier:
         if self._ds is None or ds.version > self._ds.version:
             self._ds = ds
 
-    def take(self, fragment_id: int, rows: np.ndarray, columns: list[str]) -> pa.Table:
-        """Rows of one fragment by position, only ``columns`` read from disk."""
+    def take(self, fragment_id: int | np.ndarray, rows: np.ndarray, columns: list[str]) -> pa.Table:
+        """Rows by (fragment, position), in the order given, only ``columns`` read from disk.
+
+        ``fragment_id`` is one id or one per row: rows of many fragments are read in one Lance
+        call (its I/O is scheduled together), not one call per fragment.
+        """
         ds = self._ds
         if ds is None:
             raise CorruptionError(f"warm tier {self.path} has no dataset but the index points into it")
-        addresses = (np.int64(fragment_id) << np.int64(32)) | rows.astype(np.int64)
+        frags = np.broadcast_to(np.asarray(fragment_id, dtype=np.int64), rows.shape)
+        addresses = (frags << np.int64(32)) | rows.astype(np.int64)
         try:
             out = ds._take_rows(pa.array(addresses, pa.uint64()), columns=columns)
         except (OSError, ValueError, RuntimeError) as e:
-            raise CorruptionError(f"cannot read warm fragment {fragment_id} ({self._files_of(ds, fragment_id)}): {e}") from e
+            bad = self._first_unreadable(ds, np.unique(frags), columns)
+            raise CorruptionError(f"cannot read warm fragment {bad} ({self._files_of(ds, bad)}): {e}") from e
         if out.num_rows != len(rows):
-            raise CorruptionError(
-                f"warm fragment {fragment_id} ({self._files_of(ds, fragment_id)}) returned {out.num_rows} of {len(rows)} rows"
-            )
+            raise CorruptionError(f"warm tier {self.path} returned {out.num_rows} of {len(rows)} rows asked for")
         return out
+
+    def _first_unreadable(self, ds: lance.LanceDataset, fragment_ids: np.ndarray, columns: list[str]) -> int:
+        """Which fragment a failed multi-fragment read tripped on (for the error message)."""
+        for f in fragment_ids.tolist():
+            try:
+                ds._take_rows(pa.array([f << 32], pa.uint64()), columns=columns)
+                ds.get_fragment(f).to_table(columns=columns)
+            except Exception:  # noqa: BLE001 - this is the broken one
+                return int(f)
+        return int(fragment_ids[0])
 
     def _files_of(self, ds: lance.LanceDataset, fragment_id: int) -> str:
         try:

@@ -35,6 +35,7 @@ def machine() -> dict[str, Any]:
         pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
+        "lakebuffer_commit": _commit(),
         "cores": cores,
         "ram_gb": round(psutil.virtual_memory().total / 2**30, 1),
         "cpu": cpu or platform.processor(),
@@ -42,6 +43,20 @@ def machine() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "versions": versions,
     }
+
+
+def _commit() -> str | None:
+    """``git describe`` of the checkout lakebuffer runs from (``-dirty`` with local changes), if any."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[2]
+    if not (repo / ".git").exists():
+        return None
+    try:
+        p = subprocess.run(["git", "-C", str(repo), "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return p.stdout.strip() or None
 
 
 def clean(obj: Any) -> Any:
