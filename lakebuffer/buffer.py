@@ -165,6 +165,7 @@ class ReplayBuffer:
         self._catalog = Catalog(self.schema, self.meta_columns, threads=duckdb_threads)
         self._catalog.set_syncer(self._sync_catalog)
         self._synced = (-1, -1)
+        self._catalog_flush_queued = False
         # two workers: a long snapshot upload (p0) must not stall write-back (p1), or pushes would block
         self.tasks = TaskQueue(workers=2)
         self._batches: dict[int, BatchInfo] = {}
@@ -338,6 +339,7 @@ class ReplayBuffer:
             self._catalog.insert_meta(meta)
             if self.hot.resident_bytes() > self.memory_limit_bytes * _EVICT_HIGH:
                 self._schedule_eviction()
+        self._maybe_flush_catalog()
 
     def _push_direct(self, table: pa.Table) -> None:
         """A batch larger than the hot budget allows goes to the warm tier in chunks, synchronously."""
@@ -465,12 +467,22 @@ class ReplayBuffer:
         return table.select(cols)
 
     def _with_live_counts(self, table: pa.Table) -> pa.Table:
-        """Replace the pushed ``sample_count`` by the live count kept in ``meta``."""
-        live = self._catalog.query(sql_text("live_sample_counts"), wanted=table.select(["key"]))
-        pos = pc.index_in(table.column("key"), value_set=live.column("key"))
+        """Replace the pushed ``sample_count`` by the live count: ``meta``'s plus replays still queued."""
+        with self._catalog.counts_deferred():  # do not wait for the queued UPDATE: add the queue here
+            live = self._catalog.query(sql_text("live_sample_counts"), wanted=table.select(["key"]))
+            queued = self._catalog.queued_counts()
+        keys = table.column("key")
+        pos = pc.index_in(keys, value_set=live.column("key"))
         counts = live.column("sample_count").combine_chunks().take(pos)
         idx = table.column_names.index("sample_count")
-        return table.set_column(idx, table.schema.field(idx), pc.coalesce(counts, table.column(idx)))
+        counts = pc.coalesce(counts, table.column(idx))
+        if queued is not None:
+            q = queued.filter(pc.is_in(queued.column("key"), value_set=keys))
+            if q.num_rows:
+                q = q.group_by("key").aggregate([("n", "sum")])
+                extra = pc.coalesce(q.column("n_sum").take(pc.index_in(keys, value_set=q.column("key"))), 0)
+                counts = pc.add(counts.cast(pa.int64()), extra).cast(pa.int32())
+        return table.set_column(idx, table.schema.field(idx), counts)
 
     def sample(
         self,
@@ -490,12 +502,13 @@ class ReplayBuffer:
         """
         self._check()
         strategy = _samplers.resolve(sampler, **options)
+        catalog = self._catalog_for_sampling()
         if strategy.needs_counts:
-            self.tasks.drain()
-        keys = _samplers.draw(strategy, self._catalog_for_sampling(), n, where, seed)
+            keys = _samplers.draw(strategy, catalog, n, where, seed)
+        else:
+            with catalog.counts_deferred():
+                keys = _samplers.draw(strategy, catalog, n, where, seed)
         self._count_replays(keys)
-        if strategy.needs_counts:
-            self.tasks.drain()
         if return_keys:
             return keys
         return self.get(keys, columns)
@@ -510,13 +523,27 @@ class ReplayBuffer:
             return
         vc = pc.value_counts(keys)
         counts = pa.table({"key": vc.field("values"), "n": vc.field("counts")})
+        self._catalog.add_sample_counts(counts)  # queued; applied before anything reads sample_count
+        self.tasks.submit(
+            P0,
+            lambda: self.index.add_sample_counts(counts.column("key").to_pylist(), counts.column("n").to_pylist()),
+            name="persist replay counts",
+        )
+        self._maybe_flush_catalog()
 
-        def apply() -> None:
-            with self._lock:
-                self._catalog.add_sample_counts(counts)
-            self.index.add_sample_counts(counts.column("key").to_pylist(), counts.column("n").to_pylist())
+    def _maybe_flush_catalog(self) -> None:
+        """Move big queues of metadata inserts / replay counts into DuckDB in the background (p1),
+        so the next query does not pay for all of them at once."""
+        if self._catalog.pending_rows > 65536 and not self._catalog_flush_queued:
+            self._catalog_flush_queued = True
 
-        self.tasks.submit(P0, apply, name="count replays")
+            def flush() -> None:
+                try:
+                    self._catalog.flush()
+                finally:
+                    self._catalog_flush_queued = False
+
+            self.tasks.submit(P1, flush, name="catalog flush")
 
     def scan(
         self, where: str | None = None, columns: Sequence[str] | None = None, batch_size: int = 4096

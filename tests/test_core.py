@@ -311,3 +311,16 @@ def test_sql_views_and_sample_counts(tmp_path):
         assert buf.get(keys[:3], ["sample_count"]).column(0).to_pylist() == [1, 1, 1]
     with open_buf(tmp_path) as buf:
         assert buf.sql("SELECT sum(sample_count) FROM meta").column(0)[0].as_py() == 16
+
+
+def test_replay_counts_are_live_before_any_flush(tmp_path):
+    with open_buf(tmp_path) as buf:
+        keys = buf.push(make_rollouts(8, tokens=4)).to_pylist()
+        buf.sample(8, seed=0, return_keys=True)  # every key once
+        buf.sample(8, seed=1, return_keys=True)  # ... and twice
+        assert buf.get(keys, ["sample_count"]).column(0).to_pylist() == [2] * 8  # queued counts included
+        assert buf.sql("SELECT min(sample_count), max(sample_count) FROM rollouts").to_pylist()[0] == {
+            "min(sample_count)": 2, "max(sample_count)": 2}
+        assert buf.sample(8, sampler="max_reuse", k=3, return_keys=True, seed=2).to_pylist() != []
+        with pytest.raises(lb.NotEnoughRowsError):
+            buf.sample(1, sampler="max_reuse", k=3, seed=3)  # all 8 were sampled 3 times now

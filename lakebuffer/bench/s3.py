@@ -62,11 +62,15 @@ class MotoServer:
         else:
             self.stop()
             raise RuntimeError("moto server did not start listening in time")
-        import boto3
+        try:
+            import boto3
 
-        boto3.client(
-            "s3", endpoint_url=self.endpoint, aws_access_key_id="bench", aws_secret_access_key="bench", region_name="us-east-1"
-        ).create_bucket(Bucket=self.bucket)
+            boto3.client(
+                "s3", endpoint_url=self.endpoint, aws_access_key_id="bench", aws_secret_access_key="bench", region_name="us-east-1"
+            ).create_bucket(Bucket=self.bucket)
+        except BaseException:
+            self.stop()  # never leave a server behind when start fails half way
+            raise
         return self
 
     def filesystem(self):
