@@ -367,9 +367,15 @@ def bench(
     def go() -> None:
         from . import bench as benchmod
 
-        res = benchmod.run(quick=quick, out=str(out) if out else None, scenarios=scenario or None)
-        summary = benchmod.summary(res) if hasattr(benchmod, "summary") else json.dumps(res, default=str)[:2000]
-        console.print(summary)
+        with _progress() as prog:
+            task = prog.add_task("bench", total=None)
+
+            def progress(message: str, done: int, total: int) -> None:
+                prog.update(task, description=f"bench: {message}"[:60], completed=done, total=total)
+
+            res = benchmod.run(quick=quick, out=str(out) if out else None, scenarios=scenario or None,
+                               progress=progress)
+        sys.stdout.write(benchmod.summary(res) + "\n")  # markdown tables, unwrapped
 
     _run(go)
 

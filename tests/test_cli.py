@@ -124,3 +124,27 @@ def test_fsck_ok_and_broken(filled):
 def test_debug_shows_traceback(filled):
     r = cli("--debug", "sql", str(filled), "SELECT no_such FROM rollouts")
     assert r.returncode != 0 and "Traceback" in r.stderr
+
+
+def test_bench_quick_through_the_cli_and_a_bad_scenario(tmp_path):
+    out = tmp_path / "b.json"
+    r = cli("bench", "--quick", "--scenario", "limits", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert "limits" in res["scenarios"] and res["quick"] is True
+    r = cli("bench", "--quick", "--scenario", "no-such-scenario")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+
+
+def test_demo_bad_budget_and_toml_config(tmp_path):
+    r = cli("demo", "--dir", str(tmp_path / "d"), "--memory-limit-mb", "-1")
+    assert r.returncode == 1 and "memory_limit_mb" in r.stderr and "Traceback" not in r.stderr
+    src = tmp_path / "buf"
+    with lb.ReplayBuffer.open(src, memory_limit_mb=4, snapshot_interval_s=0, run_id="toml") as buf:
+        buf.push(make_rollouts(16, tokens=8))
+    cfg = tmp_path / "lb.toml"
+    lake = tmp_path / "toml-lake"
+    cfg.write_text(f'[lakebuffer]\nlake = "{lake}"\n')
+    r = cli("--config", str(cfg), "snapshot", str(src))
+    assert r.returncode == 0, r.stderr
+    assert list(lake.rglob("*.parquet"))
