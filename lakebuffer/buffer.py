@@ -50,6 +50,35 @@ _FRAGMENT_BYTES = 8 << 20  # small evicted batches are coalesced into fragments 
 _DURABILITY = ("wal", "memory")
 
 
+def _at_low_priority(fn: Any, niceness: int = 10) -> Any:
+    """Run ``fn`` in a short-lived thread at a lower CPU priority (and the threads it starts, e.g.
+    the lake's encoders), and return its result or raise its error.
+
+    A snapshot encodes Parquet for seconds; on a small machine it must not take the cores from the
+    trainer's pushes and samples. Linux schedules threads one by one, so this is per thread; a
+    thread of its own because an unprivileged process could not raise a worker's priority back.
+    """
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            tid = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + niceness))
+        except (OSError, AttributeError):  # not Linux or not allowed: normal priority
+            pass
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # handed to the caller's thread
+            out["error"] = e
+
+    t = threading.Thread(target=run, name="lakebuffer-snapshot", daemon=True)
+    t.start()
+    t.join()
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
+
+
 def _now_us() -> np.datetime64:
     return np.datetime64(time.time_ns() // 1000, "us")
 
@@ -692,7 +721,7 @@ class ReplayBuffer:
     def _snapshot_now(self, progress: Any = None) -> dict | None:
         with self._snap_lock:
             try:
-                return self._snapshot_locked(progress)
+                return _at_low_priority(lambda: self._snapshot_locked(progress))
             except LakeError as e:
                 self._last_snapshot["error"] = str(e)
                 log.error("snapshot to %s failed (it is retried at the next one): %s", self.lake_url, e)
