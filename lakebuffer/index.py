@@ -5,8 +5,10 @@ Layout (one keyspace, prefixes keep scans cheap):
 ``k/<key>``        -> ``>QI`` batch id and row position inside the batch's current location
 ``b/<batch:>Q>``   -> JSON ``BatchInfo``: tier (hot | warm), rows, fragment id, files, checksum, snapshot
 ``m/<batch:>Q>``   -> Arrow IPC stream of the batch's metadata columns (what samplers select on), so
-                      the catalog is rebuilt on open from one blob per batch, not one read per row
-``sc/<key>``       -> ``>i`` sample count of a replayed rollout (folded into ``m/`` on close)
+                      the catalog is rebuilt on open from one blob per batch, not one read per row;
+                      kept in a column family of its own ("meta"), so the multi-MB blobs never share
+                      SST blocks with ``k/`` entries (a missed key lookup must stay a cheap read)
+``sc/<key>``       -> ``>i`` replays of a rollout since its push
 ``c/<name>``       -> counters (next key sequence, next batch id); ``s/<name>`` -> schema, run id
 A batch's entries are written in one ``WriteBatch``, so the index never holds half a push.
 """
@@ -68,7 +70,12 @@ class KeyIndex:
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
         opts.set_write_buffer_size(8 << 20)  # bounded memtables: the index must not eat the RAM budget
-        self._db = Rdict(str(self.path), options=opts)
+        opts.create_missing_column_families(True)
+        cf = Options(raw_mode=True)
+        cf.set_write_buffer_size(8 << 20)
+        self._db = Rdict(str(self.path), options=opts, column_families={"meta": cf})
+        self._meta = self._db.get_column_family("meta")
+        self._meta_cf = self._db.get_column_family_handle("meta")
         self._lock = threading.Lock()
         self._next_seq = self._counter(b"c/next_seq")
         self._next_batch = self._counter(b"c/next_batch")
@@ -105,7 +112,7 @@ class KeyIndex:
         for pos, k in enumerate(keys):
             wb.put(b"k/" + k.encode(), _LOC.pack(bid, pos))
         wb.put(_bkey(b"b/", bid), json.dumps(asdict(info)).encode())
-        wb.put(_bkey(b"m/", bid), _ipc(meta))
+        wb.put(_bkey(b"m/", bid), _ipc(meta), self._meta_cf)
         with self._lock:
             wb.put(b"c/next_seq", _U64.pack(self._next_seq))
             wb.put(b"c/next_batch", _U64.pack(self._next_batch))
@@ -131,10 +138,10 @@ class KeyIndex:
             wb.put(b"k/" + k.encode(), _LOC.pack(bid, pos))
         if info.rows == 0:
             wb.delete(_bkey(b"b/", bid))
-            wb.delete(_bkey(b"m/", bid))
+            wb.delete(_bkey(b"m/", bid), self._meta_cf)
         else:
             wb.put(_bkey(b"b/", bid), json.dumps(asdict(info)).encode())
-            wb.put(_bkey(b"m/", bid), _ipc(meta))
+            wb.put(_bkey(b"m/", bid), _ipc(meta), self._meta_cf)
         self._db.write(wb)
 
     def drop_batch(self, batch_id: int, keys: Iterable[str]) -> None:
@@ -144,7 +151,7 @@ class KeyIndex:
             wb.delete(b"k/" + k.encode())
             wb.delete(b"sc/" + k.encode())
         wb.delete(_bkey(b"b/", batch_id))
-        wb.delete(_bkey(b"m/", batch_id))
+        wb.delete(_bkey(b"m/", batch_id), self._meta_cf)
         self._db.write(wb)
 
     def add_sample_counts(self, keys: list[str], counts: list[int]) -> None:
@@ -158,7 +165,7 @@ class KeyIndex:
             self._db.write(wb)
 
     def set_meta(self, batch_id: int, meta: pa.Table) -> None:
-        self._db[_bkey(b"m/", batch_id)] = _ipc(meta)
+        self._meta[_bkey(b"m/", batch_id)] = _ipc(meta)
 
     # reads -------------------------------------------------------------------------------
     def lookup(self, keys: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -174,8 +181,8 @@ class KeyIndex:
                 found[i] = True
         return batch, pos, found
 
-    def _scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        for k, v in self._db.items(from_key=prefix):
+    def _scan(self, prefix: bytes, db: Rdict | None = None) -> Iterator[tuple[bytes, bytes]]:
+        for k, v in (db if db is not None else self._db).items(from_key=prefix):
             if not k.startswith(prefix):
                 break
             yield k, v
@@ -191,11 +198,11 @@ class KeyIndex:
         return out
 
     def batch_meta(self, batch_id: int) -> pa.Table | None:
-        blob = self._db.get(_bkey(b"m/", batch_id))
+        blob = self._meta.get(_bkey(b"m/", batch_id))
         return _from_ipc(blob) if blob is not None else None
 
     def all_meta(self) -> Iterator[tuple[int, pa.Table]]:
-        for k, v in self._scan(b"m/"):
+        for k, v in self._scan(b"m/", self._meta):
             yield _U64.unpack(k[2:])[0], _from_ipc(v)
 
     def sample_counts(self) -> dict[str, int]:
@@ -252,4 +259,6 @@ class KeyIndex:
 
     def close(self) -> None:
         self._db.flush()
+        # the column family views hold the database open: drop them before closing it
+        self._meta = self._meta_cf = None
         self._db.close()
