@@ -17,20 +17,18 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import samplers as _samplers
-from .catalog import Catalog, check_predicate
+from .catalog import Catalog, check_predicate, stream
 from .errors import (
     BackpressureError,
     ClosedError,
     KeyNotFoundError,
     LakeError,
     LockedError,
-    QueryError,
     SchemaError,
 )
 from .hot import HotTier, table_bytes
@@ -588,18 +586,8 @@ class ReplayBuffer:
         with self._lock:
             hot = pa.concat_tables(self.hot.tables()) if len(self.hot) else self.schema.empty_table()
             warm = self.warm.dataset if self.warm.dataset is not None else self.schema.empty_table()
-        con = duckdb.connect()
-        try:
-            con.register("hot_data", hot)
-            con.register("warm_data", warm)
-            sql = self._catalog.render("scan", columns=", ".join(f'"{c}"' for c in cols), where=pred)
-            try:
-                reader = con.sql(sql).to_arrow_reader(batch_size)
-            except duckdb.Error as e:
-                raise QueryError(f"{type(e).__name__}: {e}") from e
-            yield from reader
-        finally:
-            con.close()
+        sql = self._catalog.render("scan", columns=", ".join(f'"{c}"' for c in cols), where=pred)
+        yield from stream(sql, {"hot_data": hot, "warm_data": warm}, batch_size)
 
     def sql(self, query: str, params: list | dict | None = None) -> pa.Table:
         """Run DuckDB SQL over ``rollouts`` (all tiers), ``hot``, ``warm`` and ``meta``."""

@@ -32,6 +32,27 @@ def check_predicate(where: str | None) -> str:
     return f"({where})"
 
 
+def stream(sql: str, tables: dict[str, Any], batch_size: int, setup: list[str] = ()) -> Iterator[pa.RecordBatch]:
+    """Stream ``sql``'s result over ``tables`` (Arrow objects by name) from a private connection.
+
+    A scan may be consumed slowly (a training loop); on its own connection it never holds the
+    catalog's lock, and the registered objects are a consistent snapshot the caller chose.
+    """
+    con = duckdb.connect()
+    try:
+        for name, obj in tables.items():
+            con.register(name, obj)
+        for stmt in setup:
+            con.execute(stmt)
+        try:
+            reader = con.sql(sql).to_arrow_reader(batch_size)
+        except duckdb.Error as e:
+            raise QueryError(f"{type(e).__name__}: {e}") from e
+        yield from reader
+    finally:
+        con.close()
+
+
 class Catalog:
     """Thread-safe wrapper around one DuckDB connection (DuckDB connections are not)."""
 

@@ -10,14 +10,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset  # noqa: F401 - pa.dataset in annotations
 
 from . import samplers as _samplers
-from .catalog import Catalog, check_predicate
-from .errors import ClosedError, KeyNotFoundError, QueryError, ReadOnlyError
+from .catalog import Catalog, check_predicate, stream
+from .errors import ClosedError, KeyNotFoundError, ReadOnlyError
 from .lake import Lake
 from .resources import sql_text
 from .schema import key_list, metadata_columns, projection
@@ -97,18 +96,9 @@ class LakeView:
         self._check()
         pred = check_predicate(where)
         cols = list(columns) if columns is not None else list(self.schema.names)
-        con = duckdb.connect()
-        try:
-            con.register("__lakeview_rollouts", self._dataset)
-            con.execute(sql_text("lake_view").format(view="rollouts", source="__lakeview_rollouts"))
-            sql = sql_text("lake_scan").replace("{columns}", ", ".join(f'"{c}"' for c in cols)).replace("{where}", pred)
-            try:
-                reader = con.sql(sql).to_arrow_reader(batch_size)
-            except duckdb.Error as e:
-                raise QueryError(f"{type(e).__name__}: {e}") from e
-            yield from reader
-        finally:
-            con.close()
+        sql = sql_text("lake_scan").replace("{columns}", ", ".join(f'"{c}"' for c in cols)).replace("{where}", pred)
+        view = sql_text("lake_view").format(view="rollouts", source="__lakeview_rollouts")
+        yield from stream(sql, {"__lakeview_rollouts": self._dataset}, batch_size, setup=[view])
 
     def stats(self) -> dict[str, Any]:
         self._check()
