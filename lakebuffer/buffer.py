@@ -14,6 +14,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -48,33 +49,32 @@ _FRAGMENT_BYTES = 8 << 20  # small evicted batches are coalesced into fragments 
 _DURABILITY = ("wal", "memory")
 
 
-def _at_low_priority(fn: Any, niceness: int = 10) -> Any:
-    """Run ``fn`` in a short-lived thread at a lower CPU priority (and the threads it starts, e.g.
-    the lake's encoders), and return its result or raise its error.
+_SNAPSHOT_THREAD: ThreadPoolExecutor | None = None
+_SNAPSHOT_THREAD_LOCK = threading.Lock()
+
+
+def _renice(niceness: int = 10) -> None:
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + niceness))
+    except (OSError, AttributeError):  # not Linux or not allowed: normal priority
+        pass
+
+
+def _at_low_priority(fn: Any) -> Any:
+    """Run ``fn`` on the process's one snapshot thread, at a lower CPU priority, and wait for it.
 
     A snapshot encodes Parquet for seconds; on a small machine it must not take the cores from the
-    trainer's pushes and samples. Linux schedules threads one by one, so this is per thread; a
-    thread of its own because an unprivileged process could not raise a worker's priority back.
+    trainer's pushes and samples. Linux schedules threads one by one (the lake's encoder threads
+    inherit the priority). One long-lived thread, not one per snapshot: Arrow's Acero engine gives
+    every thread that ever calls it a slot and never frees it.
     """
-    out: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            tid = threading.get_native_id()
-            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + niceness))
-        except (OSError, AttributeError):  # not Linux or not allowed: normal priority
-            pass
-        try:
-            out["value"] = fn()
-        except BaseException as e:  # handed to the caller's thread
-            out["error"] = e
-
-    t = threading.Thread(target=run, name="lakebuffer-snapshot", daemon=True)
-    t.start()
-    t.join()
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
+    global _SNAPSHOT_THREAD
+    with _SNAPSHOT_THREAD_LOCK:
+        if _SNAPSHOT_THREAD is None:
+            _SNAPSHOT_THREAD = ThreadPoolExecutor(1, thread_name_prefix="lakebuffer-snapshot", initializer=_renice)
+        pool = _SNAPSHOT_THREAD
+    return pool.submit(fn).result()
 
 
 def _now_us() -> np.datetime64:
@@ -504,11 +504,14 @@ class ReplayBuffer:
         idx = table.column_names.index("sample_count")
         counts = pc.coalesce(counts, table.column(idx))
         if queued is not None:
-            q = queued.filter(pc.is_in(queued.column("key"), value_set=keys))
-            if q.num_rows:
-                q = q.group_by("key").aggregate([("n", "sum")])
-                extra = pc.coalesce(q.column("n_sum").take(pc.index_in(keys, value_set=q.column("key"))), 0)
-                counts = pc.add(counts.cast(pa.int64()), extra).cast(pa.int32())
+            # sum queued replays per wanted key without Acero (its group_by runs out of thread
+            # slots when called from many short-lived threads): index into the wanted keys, bincount
+            slot = pc.index_in(queued.column("key"), value_set=keys).to_numpy(zero_copy_only=False)
+            hit = ~np.isnan(slot.astype(np.float64))
+            if hit.any():
+                n = queued.column("n").to_numpy()[hit]
+                extra = np.bincount(slot[hit].astype(np.int64), weights=n, minlength=len(keys)).astype(np.int64)
+                counts = pc.add(counts.cast(pa.int64()), pa.array(extra)).cast(pa.int32())
         return table.set_column(idx, table.schema.field(idx), counts)
 
     def sample(

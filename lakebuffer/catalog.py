@@ -150,9 +150,7 @@ class Catalog:
     def _flush_counts(self) -> None:
         if not self._pending_counts:
             return
-        counts = pa.concat_tables(self._pending_counts)
-        if len(self._pending_counts) > 1:
-            counts = counts.group_by("key").aggregate([("n", "sum")]).rename_columns(["key", "n"])
+        counts = pa.concat_tables(self._pending_counts)  # repeated keys are summed by the UPDATE
         self._flush_pending()
         self.con.register("meta_counts", counts)
         try:

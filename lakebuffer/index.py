@@ -69,10 +69,10 @@ class KeyIndex:
         self.path.mkdir(parents=True, exist_ok=True)
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
-        opts.set_write_buffer_size(8 << 20)  # bounded memtables: the index must not eat the RAM budget
+        opts.set_write_buffer_size(2 << 20)  # bounded memtables: the index must not eat the RAM budget
         opts.create_missing_column_families(True)
         cf = Options(raw_mode=True)
-        cf.set_write_buffer_size(8 << 20)
+        cf.set_write_buffer_size(2 << 20)
         self._db = Rdict(str(self.path), options=opts, column_families={"meta": cf})
         self._meta = self._db.get_column_family("meta")
         self._meta_cf = self._db.get_column_family_handle("meta")

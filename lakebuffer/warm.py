@@ -28,6 +28,7 @@ log = logging.getLogger("lakebuffer.warm")
 #: writes ~1.0 GB/s, the 2.2 default ~0.2 GB/s (its adaptive compression buys ~20% disk on random
 #: token ids, not worth a 5x slower write-back for a local, short-lived tier).
 WARM_STORAGE_VERSION = "2.0"
+WARM_METADATA_CACHE = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -55,9 +56,12 @@ class WarmTier:
         self.path = Path(path)
         self.schema = schema
         self._lock = threading.Lock()
+        # one session with bounded caches for every version we open: Lance's defaults (GBs of
+        # metadata cache) are sized for analytics, not for a tier that lives inside a RAM budget
+        self._session = lance.Session(metadata_cache_size_bytes=WARM_METADATA_CACHE, index_cache_size_bytes=1 << 20)
         self._ds: lance.LanceDataset | None = None  # the version readers see
         if (self.path / "_versions").exists():
-            self._ds = lance.dataset(str(self.path))
+            self._ds = self._open_latest()
         self._latest = self._ds  # the newest version written (ahead of _ds until published)
 
     @property
@@ -82,6 +86,7 @@ class WarmTier:
                 mode=mode,
                 max_rows_per_file=max(table.num_rows, 1),
                 data_storage_version=WARM_STORAGE_VERSION,
+                session=self._session,
             )
             new = [f for f in ds.get_fragments() if f.fragment_id > prev_max]
             if len(new) != 1:
@@ -97,6 +102,9 @@ class WarmTier:
                 nbytes += p.stat().st_size
             self._latest = ds
             return FragmentInfo(frag.fragment_id, table.num_rows, nbytes, files, checksum), ds
+
+    def _open_latest(self) -> lance.LanceDataset:
+        return lance.dataset(str(self.path), session=self._session)
 
     def publish(self, ds: lance.LanceDataset) -> None:
         """Make ``ds`` (from ``append``) the version readers use."""
@@ -146,7 +154,7 @@ class WarmTier:
         with self._lock:
             quoted = ", ".join("'" + k.replace("'", "''") + "'" for k in keys)
             self._ds.delete(f"key IN ({quoted})")
-            self._ds = self._latest = lance.dataset(str(self.path))
+            self._ds = self._latest = self._open_latest()
 
     def drop_fragments(self, fragment_ids: list[int]) -> None:
         """Remove whole fragments (orphans found by recovery) in one commit."""
@@ -155,7 +163,7 @@ class WarmTier:
         with self._lock:
             op = lance.LanceOperation.Delete(updated_fragments=[], deleted_fragment_ids=list(fragment_ids), predicate="false")
             lance.LanceDataset.commit(str(self.path), op, read_version=self._ds.version)
-            self._ds = self._latest = lance.dataset(str(self.path))
+            self._ds = self._latest = self._open_latest()
 
     def verify(self, fragment_id: int, files: tuple[str, ...], checksum: int) -> None:
         """Recompute a fragment's checksum; raise ``CorruptionError`` naming the file on mismatch."""
