@@ -185,6 +185,7 @@ class ReplayBuffer:
         self._lock = threading.RLock()
         self._space = threading.Condition(self._lock)
         self._reserved = 0
+        self._encoding = 0  # bytes of hot batches being encoded by write-back right now
         self._evictions_paused = 0
         self.hot = HotTier(self.memory_limit_bytes)
         self.warm = WarmTier(self.path / "warm" / "rollouts.lance", self.schema)
@@ -335,7 +336,7 @@ class ReplayBuffer:
     def _push_hot(self, table: pa.Table, nbytes: int) -> None:
         deadline = time.monotonic() + self.push_timeout_s
         with self._space:
-            while self.hot.nbytes + self._reserved + nbytes > self.memory_limit_bytes:
+            while self.hot.nbytes + self._encoding + self._reserved + nbytes > self.memory_limit_bytes:
                 self._schedule_eviction(extra=nbytes)
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -427,10 +428,14 @@ class ReplayBuffer:
         """Write hot batches to one warm fragment, then move them there in one step."""
         with self._lock:
             tables = [self.hot.get(b, touch=False).table for b in batch_ids]
+            # Lance encodes a copy of what it writes: that copy is RAM the budget must cover too
+            encoding = sum(table_bytes(t) for t in tables)
+            self._encoding += encoding
         try:
             frag, ds = self.warm.append(pa.concat_tables(tables) if len(tables) > 1 else tables[0])
         except BaseException:
             with self._space:
+                self._encoding -= encoding
                 for b in batch_ids:
                     hb = self.hot.get(b, touch=False)
                     if hb is not None:
@@ -438,6 +443,7 @@ class ReplayBuffer:
                 self._space.notify_all()
             raise
         with self._space:
+            self._encoding -= encoding
             infos = []
             offset = 0
             for b, t in zip(batch_ids, tables):
