@@ -120,6 +120,7 @@ class ShardedReplayBuffer:
         self.run_id = run_id or self.root.resolve().name
         self.lake = lake or str(self.root / "lake")
         self.route = route
+        self.storage_options = open_kwargs.get("storage_options")
         self._rr = 0
         opts = {"max_restarts": max_restarts, "max_task_retries": 0, "num_cpus": 0, **(actor_options or {})}
         actor = ray.remote(**opts)(_Shard)
@@ -239,7 +240,7 @@ class ShardedReplayBuffer:
         from .lakeview import LakeView
 
         self.snapshot()
-        with LakeView(self.lake, storage_options=None) as view:
+        with LakeView(self.lake, storage_options=self.storage_options) as view:
             return view.sql(query)
 
     def delete(self, keys: Sequence[str] | None = None, where: str | None = None) -> int:
