@@ -69,13 +69,10 @@ class Catalog:
         self._empty = schema.empty_table()
         meta_schema = pa.schema([schema.field(c) for c in meta_columns] + [pa.field("_batch", pa.int64())])
         self.meta_schema = meta_schema
-        self._hot_version = -1
         self._pending: list[pa.Table] = []
         self._pending_counts: list[pa.Table] = []
         self._pending_count_rows = 0
         self._local = threading.local()
-        self._warm_obj: Any = None
-        self._cold_sql = ""
         self._syncer: Callable[[], None] | None = None
         if native_meta:
             self.con.register("meta_seed", meta_schema.empty_table())
@@ -84,18 +81,14 @@ class Catalog:
             self.register_tiers([], None)
 
     # registration ------------------------------------------------------------------------
-    def register_tiers(self, hot_tables: list[pa.Table], warm_dataset: Any, cold_sql: str = "") -> None:
+    def register_tiers(self, hot_tables: list[pa.Table], warm_dataset: Any) -> None:
         """Point the tier views at the current hot tables and warm dataset version."""
         with self.lock:
             hot = pa.concat_tables(hot_tables) if hot_tables else self._empty
             self.con.register("hot_data", hot)
             self.con.register("warm_data", warm_dataset if warm_dataset is not None else self._empty)
-            self._warm_obj = warm_dataset
             self.con.execute(sql_text("tier_views"))
-            if cold_sql != self._cold_sql or self._hot_version == -1:
-                self._cold_sql = cold_sql
-            self.con.execute(sql_text("rollouts_view").replace("{cold}", self._cold_sql))
-            self._hot_version = 0
+            self.con.execute(sql_text("rollouts_view"))
 
     def set_syncer(self, fn: Callable[[], None]) -> None:
         """A callback run before each query so views reflect the buffer's latest state."""

@@ -70,9 +70,6 @@ class HotTier:
         self.version += 1
         return b
 
-    def fits(self, nbytes: int) -> bool:
-        return self.nbytes + nbytes <= self.limit_bytes
-
     def resident_bytes(self) -> int:
         """Bytes not yet handed to write-back."""
         return sum(b.nbytes for b in self._batches.values() if not b.evicting)
@@ -93,6 +90,3 @@ class HotTier:
 
     def tables(self) -> list[pa.Table]:
         return [b.table for b in self._batches.values()]
-
-    def batch_ids(self) -> list[int]:
-        return list(self._batches)

@@ -118,9 +118,6 @@ class KeyIndex:
             wb.put(b"c/next_batch", _U64.pack(self._next_batch))
             self._db.write(wb)
 
-    def set_batch(self, info: BatchInfo) -> None:
-        self._db[_bkey(b"b/", info.batch_id)] = json.dumps(asdict(info)).encode()
-
     def set_batches(self, infos: Iterable[BatchInfo]) -> None:
         wb = WriteBatch(raw_mode=True)
         for info in infos:
@@ -164,10 +161,6 @@ class KeyIndex:
                 wb.put(name, _I32.pack((_I32.unpack(prev)[0] if prev is not None else 0) + int(c)))
             self._db.write(wb)
 
-    def set_meta(self, batch_id: int, meta: pa.Table) -> None:
-        self._meta[_bkey(b"m/", batch_id)] = _ipc(meta)
-
-    # reads -------------------------------------------------------------------------------
     def lookup(self, keys: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Batch ids, positions and a found-mask for ``keys`` (one RocksDB multi-get)."""
         raw = self._db.get([b"k/" + k.encode() for k in keys])
@@ -208,15 +201,6 @@ class KeyIndex:
     def sample_counts(self) -> dict[str, int]:
         return {k[3:].decode(): _I32.unpack(v)[0] for k, v in self._scan(b"sc/")}
 
-    def clear_sample_counts(self) -> None:
-        wb = WriteBatch(raw_mode=True)
-        for k, _ in self._scan(b"sc/"):
-            wb.delete(k)
-        self._db.write(wb)
-
-    def count_keys(self) -> int:
-        return sum(1 for _ in self._scan(b"k/"))
-
     def iter_keys(self) -> Iterator[tuple[str, int, int]]:
         for k, v in self._scan(b"k/"):
             b, p = _LOC.unpack(v)
@@ -247,12 +231,6 @@ class KeyIndex:
     @property
     def next_seq(self) -> int:
         return self._next_seq
-
-    def checkpoint(self, dest: Path) -> None:
-        """A consistent copy of the index (for snapshots), via RocksDB checkpoints."""
-        from rocksdict import Checkpoint
-
-        Checkpoint(self._db).create_checkpoint(str(dest))
 
     def flush(self) -> None:
         self._db.flush()
