@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..catalog import check_predicate
 from ..errors import QueryError
@@ -276,3 +277,27 @@ def empty_keys() -> pa.Array:
 
 def take_in_order(keys: pa.Array, order: Iterable[int]) -> pa.Array:
     return keys.take(pa.array(list(order), pa.int64()))
+
+
+_PASS_RATE: dict[tuple, float] = {}
+
+
+def candidates_to_draw(cache_key: tuple, n: int, default_rate: float) -> int:
+    """How many candidates to draw for ``n`` valid ones, from the pass rate seen last time."""
+    return max(n, int(n / _PASS_RATE.get(cache_key, default_rate)))
+
+
+def remember_pass_rate(cache_key: tuple, valid: int, candidates: int) -> None:
+    """Record what share of drawn candidates (segments, teams) turned out valid."""
+    if candidates:
+        if len(_PASS_RATE) > 512:
+            _PASS_RATE.clear()
+        _PASS_RATE[cache_key] = max(valid, 1) / candidates
+
+
+def rows_of_chosen(rows: pa.Table, by: str, chosen: pa.Array, order: list[tuple[str, str]]) -> pa.Array:
+    """Keys of the rows whose ``by`` value was chosen, chosen ones in draw order, then ``order``."""
+    slot = pc.index_in(rows.column(by), value_set=chosen)
+    picked = rows.append_column("_slot", slot).filter(pc.is_valid(slot))
+    picked = picked.sort_by([("_slot", "ascending"), *order])
+    return picked.column("key").combine_chunks()

@@ -50,7 +50,7 @@ class SegmentSampler(Sampler):
         fields = {"source": source, "where": pred, "h": c.key_hash(catalog, source, seed),
                   "stride": self.stride, "length": self.length, "last": self.length - 1}
         cache_key = ("segment", id(catalog), source, self.length, self.stride, c.shape_of(pred))
-        k = max(n, int(n / _PASS_RATE.get(cache_key, 0.5)))
+        k = c.candidates_to_draw(cache_key, n, 0.5)
         with catalog.lock:
             while True:
                 starts, exhausted = c.smallest_by_hash(catalog, k, template="sample_segment_starts",
@@ -65,16 +65,8 @@ class SegmentSampler(Sampler):
                 if len(valid_idx) >= n or exhausted:
                     break
                 k = c.next_k(k, n, len(valid_idx), starts.num_rows, len(valid_idx))
-        if starts.num_rows:
-            if len(_PASS_RATE) > 512:
-                _PASS_RATE.clear()
-            _PASS_RATE[cache_key] = max(len(valid_idx), 1) / starts.num_rows
+        c.remember_pass_rate(cache_key, len(valid_idx), starts.num_rows)
         self.check_enough(n, len(valid_idx), pred, "segments")
         chosen = starts.column("key").take(pa.array(valid_idx[:n], pa.int64()))
-        slot = pc.index_in(rows.column("start"), value_set=chosen)
-        picked = rows.append_column("_slot", slot).filter(pc.is_valid(slot))
-        picked = picked.sort_by([("_slot", "ascending"), ("step", "ascending")])
-        return picked.column("key").combine_chunks()
+        return c.rows_of_chosen(rows, "start", chosen, [("step", "ascending")])
 
-
-_PASS_RATE: dict[tuple, float] = {}

@@ -44,7 +44,7 @@ class TeamSampler(Sampler):
         source, pred = c.resolve(catalog, where)
         fields = {"source": source, "where": pred, "th": c.value_hash(["episode_id", "team_id"], seed)}
         cache_key = ("team", id(catalog), source, self.min_steps, c.shape_of(pred))
-        k = max(n, int(n / _PASS_RATE.get(cache_key, 0.8)))
+        k = c.candidates_to_draw(cache_key, n, 0.8)
         with catalog.lock:
             while True:
                 teams, exhausted = c.smallest_by_hash(catalog, k, template="sample_team_candidates",
@@ -59,16 +59,8 @@ class TeamSampler(Sampler):
                 if len(valid_idx) >= n or exhausted:
                     break
                 k = c.next_k(k, n, len(valid_idx), teams.num_rows, len(valid_idx))
-        if teams.num_rows:
-            if len(_PASS_RATE) > 512:
-                _PASS_RATE.clear()
-            _PASS_RATE[cache_key] = max(len(valid_idx), 1) / teams.num_rows
+        c.remember_pass_rate(cache_key, len(valid_idx), teams.num_rows)
         self.check_enough(n, len(valid_idx), pred, "teams")
         chosen = teams.column("h").take(pa.array(valid_idx[:n], pa.int64()))
-        slot = pc.index_in(rows.column("h"), value_set=chosen)
-        picked = rows.append_column("_slot", slot).filter(pc.is_valid(slot))
-        picked = picked.sort_by([("_slot", "ascending"), ("step", "ascending"), ("agent_id", "ascending")])
-        return picked.column("key").combine_chunks()
+        return c.rows_of_chosen(rows, "h", chosen, [("step", "ascending"), ("agent_id", "ascending")])
 
-
-_PASS_RATE: dict[tuple, float] = {}
