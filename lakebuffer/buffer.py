@@ -238,6 +238,7 @@ class ReplayBuffer:
         if orphans:
             log.warning("dropping %d warm fragment(s) no index entry refers to: %s", len(orphans), orphans)
             self.warm.drop_fragments(orphans)
+        self.wal.remove_torn()
         wal_ids = set(self.wal.ids())
         for bid, info in sorted(batches.items()):
             if info.tier == "warm":

@@ -106,6 +106,8 @@ def _check(path: Path, repair: bool, lake_url: str | None, storage_options: dict
             if orphan_frags:
                 warm.drop_fragments(orphan_frags)
                 repaired.append(f"dropped orphan fragments {orphan_frags}")
+            if wal.remove_torn():
+                repaired.append("removed torn WAL writes (*.arrow.tmp)")
             for w in orphan_wal:
                 wal.remove(w)
             if orphan_wal:

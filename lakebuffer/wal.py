@@ -57,14 +57,15 @@ class WriteAheadLog:
         self._segment(batch_id).unlink(missing_ok=True)
 
     def ids(self) -> list[int]:
-        """Batch ids of complete segments (``.tmp`` leftovers of torn writes are removed)."""
-        out = []
-        for p in self.path.iterdir():
-            if p.name.endswith(".arrow.tmp"):
-                p.unlink(missing_ok=True)
-            elif p.suffix == ".arrow" and p.stem.isdigit():
-                out.append(int(p.stem))
-        return sorted(out)
+        """Batch ids of complete segments (read-only: a ``.tmp`` may be a push writing right now)."""
+        return sorted(int(p.stem) for p in self.path.iterdir() if p.suffix == ".arrow" and p.stem.isdigit())
+
+    def remove_torn(self) -> int:
+        """Delete ``.tmp`` leftovers of torn writes; only while no writer runs (open, fsck --repair)."""
+        torn = list(self.path.glob("*.arrow.tmp"))
+        for p in torn:
+            p.unlink(missing_ok=True)
+        return len(torn)
 
     def nbytes(self) -> int:
         total = 0
