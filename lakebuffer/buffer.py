@@ -47,6 +47,11 @@ _EVICT_HIGH = 0.75  # start write-back when resident hot bytes pass this share o
 _EVICT_LOW = 0.5  # ... and write back until they are under this share
 _FRAGMENT_BYTES = 8 << 20  # small evicted batches are coalesced into fragments of about this size
 _DURABILITY = ("wal", "memory")
+#: RAM one write-back costs per byte of hot rows it writes, beyond the hot rows themselves. Lance
+#: builds encoded pages and write buffers before the file is closed: writing 3, 6, 12 and 24 MB
+#: fragments here peaked at 1.7x the rows (+4 MB), so the budget reserves 2x while one runs.
+_WRITE_BACK_RAM = 2
+_CATALOG_WARN = 0.5  # warn once when the metadata catalog takes this share of the budget
 
 
 _SNAPSHOT_THREAD: ThreadPoolExecutor | None = None
@@ -185,8 +190,9 @@ class ReplayBuffer:
         self._lock = threading.RLock()
         self._space = threading.Condition(self._lock)
         self._reserved = 0
-        self._encoding = 0  # bytes of hot batches being encoded by write-back right now
+        self._encoding = 0  # RAM held by write-backs running now (see _WRITE_BACK_RAM)
         self._evictions_paused = 0
+        self._catalog_warned = False
         self.hot = HotTier(self.memory_limit_bytes)
         self.warm = WarmTier(self.path / "warm" / "rollouts.lance", self.schema)
         self.wal = WriteAheadLog(self.path / "wal", sync=sync)
@@ -266,8 +272,8 @@ class ReplayBuffer:
         counts = self.index.sample_counts()
         if counts:
             self._catalog.add_sample_counts(pa.table({"key": list(counts), "n": list(counts.values())}))
-        while self.hot.nbytes > self.memory_limit_bytes * _EVICT_LOW:
-            victims = self.hot.choose_victims(int(self.memory_limit_bytes * _EVICT_LOW))
+        while self.hot.nbytes > self._hot_limit() * _EVICT_LOW:
+            victims = self.hot.choose_victims(int(self._hot_limit() * _EVICT_LOW))
             if not victims:
                 break
             self._write_back([v.batch_id for v in victims])
@@ -277,6 +283,18 @@ class ReplayBuffer:
         if self._closed:
             raise ClosedError("this ReplayBuffer is closed; open it again with ReplayBuffer.open")
         self.tasks.check()
+
+    def _hot_limit(self) -> int:
+        """The share of ``memory_limit_mb`` left for hot rows and write-back: the budget minus the
+        metadata catalog, which grows with every row stored (~140 B each in DuckDB), so RAM stays
+        within the budget as the buffer grows. The hot tier keeps at least a quarter of it."""
+        catalog = self._catalog.memory_bytes
+        if catalog > self.memory_limit_bytes * _CATALOG_WARN and not self._catalog_warned:
+            self._catalog_warned = True
+            log.warning("the metadata of %d rollouts takes %.0f MB of memory_limit_mb=%.0f: raise it (past 3/4 "
+                        "of it, RAM outgrows it)", sum(i.rows for i in self._batches.values()), catalog / 2**20,
+                        self.memory_limit_bytes / 2**20)
+        return max(self.memory_limit_bytes - catalog, self.memory_limit_bytes // 4)
 
     def _meta_of(self, batch_id: int, table: pa.Table) -> pa.Table:
         meta = table.select(self.meta_columns)
@@ -328,7 +346,7 @@ class ReplayBuffer:
             return pa.array([], pa.string())
         table = table.combine_chunks()
         nbytes = table_bytes(table)
-        if nbytes > self.memory_limit_bytes * _EVICT_LOW:
+        if nbytes > self._hot_limit() * _EVICT_LOW:
             self._push_direct(table)
         else:
             self._push_hot(table, nbytes)
@@ -337,12 +355,12 @@ class ReplayBuffer:
     def _push_hot(self, table: pa.Table, nbytes: int) -> None:
         deadline = time.monotonic() + self.push_timeout_s
         with self._space:
-            while self.hot.nbytes + self._encoding + self._reserved + nbytes > self.memory_limit_bytes:
+            while self.hot.nbytes + self._encoding + self._reserved + nbytes > self._hot_limit():
                 self._schedule_eviction(extra=nbytes)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise BackpressureError(
-                        f"hot tier full ({self.hot.nbytes} of {self.memory_limit_bytes} bytes) and write-back "
+                        f"hot tier full ({self.hot.nbytes} of {self._hot_limit()} bytes) and write-back "
                         f"did not free {nbytes} bytes within push_timeout_s={self.push_timeout_s}; batch not stored"
                     )
                 self._space.wait(min(left, 0.5))
@@ -366,13 +384,13 @@ class ReplayBuffer:
             self.hot.add(bid, table)
             self._batches[bid] = info
             self._catalog.insert_meta(meta)
-            if self.hot.resident_bytes() > self.memory_limit_bytes * _EVICT_HIGH:
+            if self.hot.resident_bytes() > self._hot_limit() * _EVICT_HIGH:
                 self._schedule_eviction()
         self._maybe_flush_catalog()
 
     def _push_direct(self, table: pa.Table) -> None:
         """A batch larger than the hot budget allows goes to the warm tier in chunks, synchronously."""
-        chunk_rows = max(1, int(table.num_rows * (self.memory_limit_bytes / 4) / table_bytes(table)))
+        chunk_rows = max(1, int(table.num_rows * (self._hot_limit() / 4) / table_bytes(table)))
         written: list[int] = []
         try:
             for start in range(0, table.num_rows, chunk_rows):
@@ -408,7 +426,7 @@ class ReplayBuffer:
         """Hand least recently used batches to write-back (p1), in fragment-sized groups."""
         if self._evictions_paused:
             return
-        target = int(self.memory_limit_bytes * _EVICT_LOW) - extra - self._reserved
+        target = int(self._hot_limit() * _EVICT_LOW) - extra - self._reserved
         victims = self.hot.choose_victims(max(target, 0))
         group: list[int] = []
         size = 0
@@ -429,8 +447,8 @@ class ReplayBuffer:
         """Write hot batches to one warm fragment, then move them there in one step."""
         with self._lock:
             tables = [self.hot.get(b, touch=False).table for b in batch_ids]
-            # Lance encodes a copy of what it writes: that copy is RAM the budget must cover too
-            encoding = sum(table_bytes(t) for t in tables)
+            # Lance's pages and write buffers are RAM the budget must cover too
+            encoding = _WRITE_BACK_RAM * sum(table_bytes(t) for t in tables)
             self._encoding += encoding
         try:
             frag, ds = self.warm.append(pa.concat_tables(tables) if len(tables) > 1 else tables[0])
@@ -881,7 +899,7 @@ class ReplayBuffer:
         self._check()
         with self._lock:
             hot = {"rows": self.hot.rows, "bytes": self.hot.nbytes, "limit_bytes": self.memory_limit_bytes,
-                   "batches": len(self.hot)}
+                   "capacity_bytes": self._hot_limit(), "batches": len(self.hot)}
             warm = self.warm.stats()
         wal_ids = self.wal.ids()
         return {
@@ -892,6 +910,7 @@ class ReplayBuffer:
             "warm": warm,
             "cold": self._cold_stats(),
             "wal": {"segments": len(wal_ids), "bytes": self.wal.nbytes()},
+            "catalog": {"bytes": self._catalog.memory_bytes},
             "queues": self.tasks.stats(),
             "durability": self.durability,
         }

@@ -74,6 +74,7 @@ class Catalog:
         self._pending_count_rows = 0
         self._local = threading.local()
         self._syncer: Callable[[], None] | None = None
+        self.memory_bytes = 0  # what DuckDB holds (``meta`` above all), as of the last insert or delete
         if native_meta:
             self.con.register("meta_seed", meta_schema.empty_table())
             self.con.execute(sql_text("meta_table"))
@@ -117,6 +118,11 @@ class Catalog:
         finally:
             self.con.unregister("meta_new")
         self._pending.clear()
+        self._measure_memory()
+
+    def _measure_memory(self) -> None:
+        """Refresh ``memory_bytes`` (~0.6 ms): the buffer counts the catalog against its RAM budget."""
+        self.memory_bytes = int(self.con.execute(sql_text("catalog_memory")).fetchall()[0][0] or 0)
 
     def delete_meta(self, keys: pa.Array) -> None:
         with self.lock:
@@ -124,6 +130,7 @@ class Catalog:
             self.con.register("meta_gone", pa.table({"key": keys}))
             self.con.execute(sql_text("meta_delete"))
             self.con.unregister("meta_gone")
+            self._measure_memory()
 
     def add_sample_counts(self, counts: pa.Table) -> None:
         """Queue replays (columns key, n); they reach ``meta`` in one UPDATE before a statement needs them.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -135,6 +136,9 @@ def test_write_back_disk_error_is_surfaced_and_loses_nothing(tmp_path):
         with pytest.raises((lb.WorkerError, lb.BackpressureError)):
             for i in range(100):
                 keys += buf.push(make_rollouts(64, tokens=64, seed=i)).to_pylist()
+        with contextlib.suppress(lb.WorkerError):
+            buf.flush()  # write-backs queued before the first failure surfaced fail too: reported here
+        buf.flush()  # ... once each: nothing else is pending
         data_dir.unlink()
         moved.rename(data_dir)
         # everything acknowledged is still readable (the failed write-back kept it in RAM + WAL)
@@ -226,6 +230,7 @@ def push():
     pushed += batch.nbytes
 buf.push(make_rollouts(8, tokens=8))   # warm-up: start the Lance writer and DuckDB (fixed costs)
 buf.evict_all()
+len(buf)                               # ... and DuckDB's insert path (its first INSERT: ~3 MB, once)
 base = p.memory_info().rss
 peak = base
 while pushed < 10 * budget:
@@ -242,9 +247,27 @@ print(base, peak, pushed)
     base, peak, pushed = map(int, out.stdout.split()[-3:])
     budget = 64 * 2**20
     assert pushed >= 10 * budget
-    # growth while pushing 10x the budget: the hot tier (at most the budget) plus the write-back
-    # pipeline and allocator slack. The target is budget + 30%; measured ~budget + 45%.
-    assert peak - base <= budget * 1.75, f"RSS grew {(peak - base) / 2**20:.1f} MB for a 64 MB budget"
+    # the budget covers the hot tier, write-back's Lance buffers and the metadata catalog; on top
+    # come fixed costs and allocator slack (measured here: budget + 14-19% at 64 MB, + 12% at 128 MB)
+    assert peak - base <= budget * 1.30, f"RSS grew {(peak - base) / 2**20:.1f} MB for a 64 MB budget"
+
+
+def test_metadata_catalog_counts_against_the_budget(tmp_path, caplog):
+    # metadata-heavy rows (8 tokens): the catalog grows with every row, the hot tier gives it room
+    budget = 8 * 2**20
+    with lb.ReplayBuffer.open(tmp_path, memory_limit_mb=8, snapshot_interval_s=0) as buf:
+        capacities = []
+        for i in range(12):
+            len(buf)  # a query applies queued metadata, which measures the catalog
+            st = buf.stats()
+            capacities.append(st["hot"]["capacity_bytes"])
+            assert st["hot"]["capacity_bytes"] == max(budget - st["catalog"]["bytes"], budget // 4)
+            buf.push(make_rollouts(4096, tokens=8, seed=i))
+            # admitted within what the catalog left (it is measured again at the next query)
+            assert buf.stats()["hot"]["bytes"] <= capacities[-1]
+        assert capacities[-1] < capacities[0]  # 49k rows of metadata took budget from the hot tier
+        assert len(buf) == 12 * 4096
+    assert "raise it" in caplog.text  # the catalog passed half the budget: the user is told
 
 
 def test_memory_mode_crash_loses_only_unflushed_hot_rows(tmp_path):
