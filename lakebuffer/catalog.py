@@ -143,9 +143,9 @@ class Catalog:
             self._pending_count_rows += counts.num_rows
 
     @property
-    def pending_rows(self) -> int:
+    def pending(self) -> tuple[int, int]:
         """Metadata rows and replay counts queued for DuckDB (the buffer flushes big queues early)."""
-        return sum(t.num_rows for t in self._pending) + self._pending_count_rows
+        return sum(t.num_rows for t in self._pending), self._pending_count_rows
 
     def _flush_counts(self) -> None:
         if not self._pending_counts:
@@ -170,6 +170,11 @@ class Catalog:
         with self.lock:
             self._flush_pending()
             self._flush_counts()
+
+    def flush_inserts(self) -> None:
+        """Apply queued metadata inserts now (replay counts stay queued)."""
+        with self.lock:
+            self._flush_pending()
 
     @contextmanager
     def counts_deferred(self) -> Iterator[None]:

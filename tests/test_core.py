@@ -324,3 +324,20 @@ def test_replay_counts_are_live_before_any_flush(tmp_path):
         assert buf.sample(8, sampler="max_reuse", k=3, return_keys=True, seed=2).to_pylist() != []
         with pytest.raises(lb.NotEnoughRowsError):
             buf.sample(1, sampler="max_reuse", k=3, seed=3)  # all 8 were sampled 3 times now
+
+
+def test_replay_counts_stay_queued_until_their_queue_is_large(tmp_path, monkeypatch):
+    # their UPDATE joins all of meta and holds the catalog: it must not run every few samples
+    with open_buf(tmp_path) as buf:
+        buf.push(make_rollouts(256, tokens=4))
+        len(buf)  # inserts applied
+        for seed in range(40):  # 10k replays: past the 8k insert threshold, below the counts one
+            buf.sample(256, seed=seed, return_keys=True)
+        buf.flush()
+        assert buf._catalog.pending == (0, 40 * 256)
+        monkeypatch.setattr("lakebuffer.buffer._QUEUED_COUNT_ROWS", 1000)
+        buf.sample(256, seed=40, return_keys=True)
+        buf.flush()  # the background flush ran
+        assert buf._catalog.pending == (0, 0)
+        with buf._catalog.counts_deferred():  # nothing queued: meta itself holds every replay
+            assert buf.sql("SELECT sum(sample_count) FROM meta").column(0)[0].as_py() == 41 * 256
