@@ -386,8 +386,7 @@ class ReplayBuffer:
             self.hot.add(bid, table)
             self._batches[bid] = info
             self._catalog.insert_meta(meta)
-            if self.hot.resident_bytes() > self._hot_limit() * _EVICT_HIGH:
-                self._schedule_eviction()
+            self._evict_past_high_mark()
         self._maybe_flush_catalog()
 
     def _push_direct(self, table: pa.Table) -> None:
@@ -424,6 +423,11 @@ class ReplayBuffer:
                 self._catalog.delete_meta(keys)
 
     # eviction -----------------------------------------------------------------------------
+    def _evict_past_high_mark(self) -> None:
+        """Start write-back once resident hot bytes pass the high mark (the caller holds the lock)."""
+        if self.hot.resident_bytes() > self._hot_limit() * _EVICT_HIGH:
+            self._schedule_eviction()
+
     def _schedule_eviction(self, extra: int = 0) -> None:
         """Hand least recently used batches to write-back (p1), in fragment-sized groups."""
         if self._evictions_paused:
@@ -607,6 +611,8 @@ class ReplayBuffer:
                         self._catalog.flush_inserts()
                 finally:
                     self._catalog_flush_queued = False
+                with self._lock:  # the catalog grew, so the hot tier's share shrank: evict to it now
+                    self._evict_past_high_mark()
 
             self.tasks.submit(P1, flush, name="catalog flush")
 

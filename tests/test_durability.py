@@ -254,8 +254,8 @@ print(base, peak, pushed)
 
 def test_metadata_catalog_counts_against_the_budget(tmp_path, caplog):
     # metadata-heavy rows (8 tokens): the catalog grows with every row, the hot tier gives it room
-    budget = 8 * 2**20
-    with lb.ReplayBuffer.open(tmp_path, memory_limit_mb=8, snapshot_interval_s=0) as buf:
+    budget = 16 * 2**20
+    with lb.ReplayBuffer.open(tmp_path, memory_limit_mb=16, snapshot_interval_s=0) as buf:
         capacities = []
         for i in range(12):
             len(buf)  # a query applies queued metadata, which measures the catalog
@@ -268,6 +268,18 @@ def test_metadata_catalog_counts_against_the_budget(tmp_path, caplog):
         assert capacities[-1] < capacities[0]  # 49k rows of metadata took budget from the hot tier
         assert len(buf) == 12 * 4096
     assert "raise it" in caplog.text  # the catalog passed half the budget: the user is told
+
+
+def test_catalog_growth_measured_in_the_background_evicts_at_once(tmp_path):
+    with lb.ReplayBuffer.open(tmp_path, memory_limit_mb=16, snapshot_interval_s=0) as buf:
+        buf.push(make_rollouts(64, tokens=4096))  # ~6 MB of payload: under the 12 MB high mark
+        buf.push(make_rollouts(30_000, tokens=4))  # ~3 MB more, and 30k rows of queued metadata
+        before = buf.stats()["hot"]
+        assert before["batches"] == 2  # no eviction yet
+        buf.flush()  # the background catalog flush ran: it measured the catalog and evicted
+        st = buf.stats()
+        assert st["hot"]["capacity_bytes"] < before["capacity_bytes"]
+        assert st["hot"]["bytes"] <= st["hot"]["capacity_bytes"] * 0.75 < before["bytes"]
 
 
 def test_memory_mode_crash_loses_only_unflushed_hot_rows(tmp_path):
