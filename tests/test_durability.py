@@ -273,8 +273,9 @@ def test_metadata_catalog_counts_against_the_budget(tmp_path, caplog):
 def test_catalog_growth_measured_in_the_background_evicts_at_once(tmp_path):
     with lb.ReplayBuffer.open(tmp_path, memory_limit_mb=16, snapshot_interval_s=0) as buf:
         buf.push(make_rollouts(64, tokens=4096))  # ~6 MB of payload: under the 12 MB high mark
-        buf.push(make_rollouts(30_000, tokens=4))  # ~3 MB more, and 30k rows of queued metadata
-        before = buf.stats()["hot"]
+        with buf._catalog.lock:  # the background flush waits until the state before it is read
+            buf.push(make_rollouts(30_000, tokens=4))  # ~3 MB more, and 30k rows of queued metadata
+            before = buf.stats()["hot"]
         assert before["batches"] == 2  # no eviction yet
         buf.flush()  # the background catalog flush ran: it measured the catalog and evicted
         st = buf.stats()
