@@ -195,7 +195,7 @@ class ReplayBuffer:
         self._encoding = 0  # RAM held by write-backs running now (see _WRITE_BACK_RAM)
         self._evictions_paused = 0
         self._catalog_warned = False
-        self.hot = HotTier(self.memory_limit_bytes)
+        self.hot = HotTier()
         self.warm = WarmTier(self.path / "warm" / "rollouts.lance", self.schema)
         self.wal = WriteAheadLog(self.path / "wal", sync=sync)
         self._catalog = Catalog(self.schema, self.meta_columns, threads=duckdb_threads)
@@ -274,8 +274,9 @@ class ReplayBuffer:
         counts = self.index.sample_counts()
         if counts:
             self._catalog.add_sample_counts(pa.table({"key": list(counts), "n": list(counts.values())}))
-        while self.hot.nbytes > self._hot_limit() * _EVICT_LOW:
-            victims = self.hot.choose_victims(int(self._hot_limit() * _EVICT_LOW))
+        low = int(self._hot_limit() * _EVICT_LOW)
+        while self.hot.nbytes > low:
+            victims = self.hot.choose_victims(low)
             if not victims:
                 break
             self._write_back([v.batch_id for v in victims])

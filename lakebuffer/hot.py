@@ -26,10 +26,10 @@ class HotBatch:
 
 
 class HotTier:
-    """LRU-ordered batches; not thread-safe by itself (the buffer holds its lock)."""
+    """LRU-ordered batches; not thread-safe by itself (the buffer holds its lock, and its budget:
+    the hot tier's share of it shrinks as the metadata catalog grows, see ``ReplayBuffer._hot_limit``)."""
 
-    def __init__(self, limit_bytes: int) -> None:
-        self.limit_bytes = limit_bytes
+    def __init__(self) -> None:
         self._batches: OrderedDict[int, HotBatch] = OrderedDict()
         self.nbytes = 0
         self.version = 0  # bumped on every change, so the catalog knows when to re-register
