@@ -17,7 +17,7 @@ import duckdb
 import pyarrow as pa
 
 from .errors import QueryError
-from .resources import sql_text
+from .resources import render_sql, sql_text
 
 _FORBIDDEN = re.compile(r";")
 
@@ -225,10 +225,7 @@ class Catalog:
 
     def render(self, name: str, **fields: Any) -> str:
         """An ``sql/<name>.sql`` template with ``{field}`` placeholders filled."""
-        text = sql_text(name)
-        for k, v in fields.items():
-            text = text.replace("{" + k + "}", str(v))
-        return text
+        return render_sql(name, **fields)
 
     def count(self, where: str | None, source: str | None = None) -> int:
         source = source or self.source_for(where)

@@ -76,7 +76,7 @@ import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
 from .errors import CorruptionError, LakeBufferError, LakeError, ReadOnlyError, SchemaError
-from .resources import sql_text
+from .resources import render_sql
 from .schema import PARTITIONING, ROLLOUT_SCHEMA
 
 __all__ = ["Lake", "MANIFEST_FORMAT"]
@@ -1290,7 +1290,7 @@ class Lake:
         dset = self.dataset(run_id)
         source = f"__lakebuffer_{view}_dataset"
         con.register(source, dset)
-        con.execute(sql_text("lake_view").format(view=_ident(view), source=_ident(source)))
+        con.execute(render_sql("lake_view", view=_ident(view), source=_ident(source)))
 
     def prune_hint(self, where: str) -> str:
         """``where`` with redundant ``policy_bucket`` predicates ANDed for its top-level integer

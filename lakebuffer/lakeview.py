@@ -18,7 +18,7 @@ from . import samplers as _samplers
 from .catalog import Catalog, check_predicate, stream
 from .errors import ClosedError, KeyNotFoundError, ReadOnlyError
 from .lake import Lake
-from .resources import sql_text
+from .resources import render_sql
 from .schema import key_list, metadata_columns, projection
 
 
@@ -40,9 +40,9 @@ class LakeView:
         with self._catalog.lock:
             self._dataset = self.lake.dataset(self.run_id)
             self._catalog.con.register("__lakeview_rollouts", self._dataset)
-            self._catalog.con.execute(sql_text("lake_view").format(view="rollouts", source="__lakeview_rollouts"))
+            self._catalog.con.execute(render_sql("lake_view", view="rollouts", source="__lakeview_rollouts"))
             cols = ", ".join(f'"{c}"' for c in self.meta_columns)
-            self._catalog.con.execute(sql_text("lake_meta_view").replace("{columns}", cols))
+            self._catalog.con.execute(render_sql("lake_meta_view", columns=cols))
 
     def dataset(self) -> pa.dataset.Dataset:
         """The pyarrow dataset this view is pinned to (its manifests as of ``open``/``refresh``)."""
@@ -82,7 +82,7 @@ class LakeView:
         keys = key_list(keys)
         cols, fetch = projection(self.schema, columns)
         wanted = pa.table({"key": pa.array(keys, pa.string())})
-        sql = sql_text("lake_get").replace("{columns}", ", ".join(f'r."{c}"' for c in fetch))
+        sql = render_sql("lake_get", columns=", ".join(f'r."{c}"' for c in fetch))
         found = self._catalog.query(sql, sync=False, wanted=wanted)
         uniq = len(set(keys))
         if found.num_rows < uniq:
@@ -96,8 +96,8 @@ class LakeView:
         self._check()
         pred = check_predicate(where)
         cols = list(columns) if columns is not None else list(self.schema.names)
-        sql = sql_text("lake_scan").replace("{columns}", ", ".join(f'"{c}"' for c in cols)).replace("{where}", pred)
-        view = sql_text("lake_view").format(view="rollouts", source="__lakeview_rollouts")
+        sql = render_sql("lake_scan", columns=", ".join(f'"{c}"' for c in cols), where=pred)
+        view = render_sql("lake_view", view="rollouts", source="__lakeview_rollouts")
         yield from stream(sql, {"__lakeview_rollouts": self._dataset}, batch_size, setup=[view])
 
     def stats(self) -> dict[str, Any]:

@@ -20,3 +20,12 @@ def resource_dir(name: str) -> Path:
 def sql_text(name: str) -> str:
     """The text of ``sql/<name>.sql`` (queries live there, not in Python strings)."""
     return (resource_dir("sql") / f"{name}.sql").read_text()
+
+
+def render_sql(name: str, **fields: object) -> str:
+    """``sql/<name>.sql`` with its ``{field}`` placeholders filled: the one template syntax of every
+    query file (plain replacement, so SQL's own braces, e.g. struct literals, need no escaping)."""
+    text = sql_text(name)
+    for k, v in fields.items():
+        text = text.replace("{" + k + "}", str(v))
+    return text
