@@ -51,6 +51,7 @@ __all__ = [
     "check_expression",
     "parse",
     "partition_hint",
+    "shape",
 ]
 
 _DIALECT = sqlglot.Dialect.get_or_raise("duckdb")
@@ -62,6 +63,9 @@ _FORBIDDEN_NODES: tuple[type, ...] = tuple(
                               "Show", "Summarize", "Table", "Values", "Into", "From", "Join")
     if hasattr(exp, n)
 )
+#: allowed in SQL the library composed (``key IN (SELECT key FROM meta ...)``): queries over named tables
+_QUERY_NODES: tuple[type, ...] = tuple(getattr(exp, n) for n in ("Query", "Subquery", "Exists", "Table", "From", "Join"))
+_STATEMENT_NODES = tuple(n for n in _FORBIDDEN_NODES if n not in _QUERY_NODES)
 #: functions that read files, other tables or the environment (DuckDB table functions and friends)
 _FORBIDDEN_FUNCS = frozenset({
     "glob", "getenv", "query", "query_table", "sniff_csv", "parquet_metadata", "parquet_schema",
@@ -74,6 +78,8 @@ _FORBIDDEN_TOKENS = frozenset(getattr(TokenType, n) for n in (
     "ALTER", "COPY", "ATTACH", "DETACH", "PRAGMA", "SET", "USE", "INSTALL", "LOAD", "COMMAND", "EXISTS", "TABLE",
     "VALUES", "INTO", "EXECUTE", "DESCRIBE", "SHOW", "SUMMARIZE", "PIVOT", "UNPIVOT",
 ) if hasattr(TokenType, n))
+_QUERY_TOKENS = frozenset(getattr(TokenType, n) for n in ("SELECT", "FROM", "UNION", "INTERSECT", "EXCEPT", "EXISTS")
+                          if hasattr(TokenType, n))
 
 
 class Untranslatable(Exception):
@@ -100,9 +106,13 @@ def _tokens(text: str) -> list[Token]:
         raise QueryError(f"cannot read the SQL expression {text!r}: {e}") from e
 
 
-def _check_tree(tree: exp.Expression, text: str, what: str) -> None:
+def _check_tree(tree: exp.Expression, text: str, what: str, composed: bool) -> None:
+    if composed and isinstance(tree, exp.Query):
+        raise QueryError(f"{what} must be a SQL expression, not a query: {text!r}")
     for node in tree.walk():
-        if isinstance(node, _FORBIDDEN_NODES):
+        if composed and isinstance(node, exp.Table) and not isinstance(node.this, exp.Identifier):
+            raise QueryError(f"{what} may read only the catalog's tables, not {node.sql('duckdb')}: {text!r}")
+        if isinstance(node, _STATEMENT_NODES if composed else _FORBIDDEN_NODES):
             raise QueryError(f"{what} must be a single SQL expression over the row's columns; "
                              f"{type(node).__name__.upper()} is not allowed in {text!r}")
         name = _func_name(node)
@@ -110,9 +120,12 @@ def _check_tree(tree: exp.Expression, text: str, what: str) -> None:
             raise QueryError(f"{what} may not call {name.lower()}() (it reads data other than the row): {text!r}")
 
 
-def _check_opaque(tokens: list[Token], text: str, what: str) -> None:
+def _check_opaque(tokens: list[Token], text: str, what: str, composed: bool) -> None:
     for i, t in enumerate(tokens):
-        if t.token_type in _FORBIDDEN_TOKENS:
+        if composed and t.token_type == TokenType.FROM and i + 1 < len(tokens) and \
+                tokens[i + 1].token_type not in (TokenType.VAR, TokenType.IDENTIFIER):
+            raise QueryError(f"{what} may read only the catalog's tables: {text!r}")
+        if t.token_type in _FORBIDDEN_TOKENS and not (composed and t.token_type in _QUERY_TOKENS):
             raise QueryError(f"{what} must be a single SQL expression over the row's columns; "
                              f"{t.text.upper()} is not allowed in {text!r}")
         nxt = tokens[i + 1] if i + 1 < len(tokens) else None
@@ -182,20 +195,10 @@ class Where:
             return frozenset(t.text for t in self.tokens if t.token_type in (TokenType.VAR, TokenType.IDENTIFIER))
         return frozenset(p.name for c in self.tree.find_all(exp.Column) for p in c.parts)
 
-    @functools.cached_property
+    @property
     def shape(self) -> str:
-        """The tokens with numeric literals as ``#``: equal for predicates that differ only in numbers."""
-        out = []
-        for t in self.tokens:
-            if t.token_type == TokenType.NUMBER:
-                out.append("#")
-            elif t.token_type == TokenType.STRING:
-                out.append("'" + t.text.replace("'", "''") + "'")
-            elif t.token_type == TokenType.IDENTIFIER:
-                out.append('"' + t.text.replace('"', '""') + '"')
-            else:
-                out.append(t.text)
-        return " ".join(out) if out else "TRUE"
+        """The text with numeric literals as ``#`` (see :func:`shape`)."""
+        return shape(self.text) if self.text is not None else "TRUE"
 
     # pushdown -----------------------------------------------------------------------------
     def to_pyarrow(self, schema: pa.Schema | None = None) -> pc.Expression:
@@ -335,7 +338,7 @@ def partition_hint(where: str | Where | None, column: str = "policy_version", bu
 
 
 @functools.lru_cache(maxsize=1024)
-def _parse(text: str, what: str) -> Where:
+def _parse(text: str, what: str, composed: bool = False) -> Where:
     tokens = _tokens(text)
     if any(t.token_type == TokenType.SEMICOLON for t in tokens):
         raise QueryError(f"{what} must be a single SQL expression (no ';'), got {text!r}")
@@ -347,12 +350,12 @@ def _parse(text: str, what: str) -> Where:
         why = _duckdb_accepts(text)
         if why is not None:
             raise QueryError(f"{what} is not a valid SQL expression: {text!r}: {why}") from e
-        _check_opaque(tokens, text, what)
+        _check_opaque(tokens, text, what, composed)
         return Where(text, None, tuple(tokens))
     if len(trees) != 1 or trees[0] is None:
         raise QueryError(f"{what} must be exactly one SQL expression, got {text!r}")
     tree = trees[0]
-    _check_tree(tree, text, what)
+    _check_tree(tree, text, what, composed)
     if isinstance(tree, exp.Boolean) and tree.this is True:
         return Where(None, None)
     return Where(text, tree, tuple(tokens))
@@ -373,8 +376,40 @@ def parse(where: str | None, what: str = "a where predicate") -> Where:
     return _parse(text, what)
 
 
-def check(where: str | None) -> str:
-    """The checked predicate as DuckDB text, parenthesised; ``TRUE`` for every row."""
+@functools.lru_cache(maxsize=1024)
+def shape(sql: str) -> str:
+    """``sql``'s tokens with numeric literals as ``#``: equal for texts that differ only in numbers.
+
+    Token-level only (no validity check): the samplers key their caches with it on predicates
+    they composed themselves from a checked ``where`` and trusted SQL (e.g. an exclusion subquery).
+    """
+    try:
+        tokens = _DIALECT.tokenize(sql)
+    except TokenError:
+        return sql
+    out = []
+    for t in tokens:
+        if t.token_type == TokenType.NUMBER:
+            out.append("#")
+        elif t.token_type == TokenType.STRING:
+            out.append("'" + t.text.replace("'", "''") + "'")
+        elif t.token_type == TokenType.IDENTIFIER:
+            out.append('"' + t.text.replace('"', '""') + '"')
+        else:
+            out.append(t.text)
+    return " ".join(out) if out else "TRUE"
+
+
+def check(where: str | None, *, composed: bool = False) -> str:
+    """The checked predicate as DuckDB text, parenthesised; ``TRUE`` for every row.
+
+    ``composed=True`` is for SQL the library built around a checked ``where`` (what the catalog
+    receives from the samplers): subqueries over the catalog's own tables are allowed there;
+    statements, file and table functions, and string paths in ``FROM`` are still refused.
+    """
+    if composed:
+        text = "" if where is None else str(where).strip()
+        return _parse(text, "a where predicate", True).sql if text else "TRUE"
     return parse(where).sql
 
 
