@@ -30,6 +30,7 @@ cached per text (``functools.lru_cache``, 1024 entries): a repeated ``where`` co
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +66,7 @@ _FORBIDDEN_NODES: tuple[type, ...] = tuple(
 )
 #: allowed in SQL the library composed (``key IN (SELECT key FROM meta ...)``): queries over named tables
 _QUERY_NODES: tuple[type, ...] = tuple(getattr(exp, n) for n in ("Query", "Subquery", "Exists", "Table", "From", "Join"))
+_TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _STATEMENT_NODES = tuple(n for n in _FORBIDDEN_NODES if n not in _QUERY_NODES)
 #: functions that read files, other tables or the environment (DuckDB table functions and friends)
 _FORBIDDEN_FUNCS = frozenset({
@@ -110,7 +112,8 @@ def _check_tree(tree: exp.Expression, text: str, what: str, composed: bool) -> N
     if composed and isinstance(tree, exp.Query):
         raise QueryError(f"{what} must be a SQL expression, not a query: {text!r}")
     for node in tree.walk():
-        if composed and isinstance(node, exp.Table) and not isinstance(node.this, exp.Identifier):
+        if composed and isinstance(node, exp.Table) and not (  # a file path would be a DuckDB replacement scan
+                isinstance(node.this, exp.Identifier) and _TABLE_NAME.fullmatch(node.name) and not node.args.get("db")):
             raise QueryError(f"{what} may read only the catalog's tables, not {node.sql('duckdb')}: {text!r}")
         if isinstance(node, _STATEMENT_NODES if composed else _FORBIDDEN_NODES):
             raise QueryError(f"{what} must be a single SQL expression over the row's columns; "
