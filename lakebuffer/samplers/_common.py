@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..predicate import check_expression as _check_expression
-from ..predicate import shape
+from .. import predicate
 
 if TYPE_CHECKING:
     from ..catalog import Catalog
@@ -60,7 +59,7 @@ def combine(*preds: str | None) -> str:
 
 def check_expression(expr: str, what: str) -> str:
     """A user SQL expression (priority, ordering column), checked like a where (see ``predicate``)."""
-    return _check_expression(expr, what)
+    return predicate.check_expression(expr, what)
 
 
 def resolve(catalog: Catalog, where: str | None, *parts: str | None) -> tuple[str, str]:
@@ -145,7 +144,7 @@ def meta_rows(catalog: Catalog) -> int:
 
 def shape_of(pred: str) -> str:
     """The predicate with numeric literals blanked: ``policy_version >= 41`` and ``>= 42`` share a density."""
-    return shape(pred)
+    return predicate.shape(pred)
 
 
 def _remember(key: tuple, population: float) -> None:
