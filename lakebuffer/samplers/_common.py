@@ -53,7 +53,6 @@ def combine(*preds: str | None) -> str:
     wrote (which may hold their own subqueries, e.g. ``key IN (SELECT key FROM meta ...)``).
     """
     parts = [f"({p})" for p in preds if p is not None and str(p).strip()]
-    parts = [p for p in parts if p != "TRUE"]
     return " AND ".join(parts) if parts else "TRUE"
 
 
