@@ -4,7 +4,7 @@
 
 Writes ``--mb`` MiB of generated GRPO rollouts (lakebuffer.bench.data: 256..4096 response tokens,
 64..1024 prompt tokens) into a lake with ``Lake.commit_snapshot`` (the buffer's own snapshot
-path), then runs ``lakebuffer.dataset.bench_dataset`` on it: the raw scan, ``iter_batches``
+path), then runs ``lakebuffer.bench.dataset.bench_dataset`` on it: the raw scan, ``iter_batches``
 unshuffled, shuffled (RolloutDataset's default) and shuffled + ``pad_collate``, interleaved, in
 the same run. Target: the dataset at >= 70% of the raw scan's rows/s.
 """
@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from lakebuffer.bench.data import stream
-from lakebuffer.dataset import bench_dataset
+from lakebuffer.bench.dataset import bench_dataset
 from lakebuffer.lake import Lake
 
 

@@ -7,7 +7,6 @@ which is what samplers select keys on, so selection never touches payload column
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -16,20 +15,15 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from . import predicate
 from .errors import QueryError
 from .resources import render_sql, sql_text
-
-_FORBIDDEN = re.compile(r";")
 
 
 def check_predicate(where: str | None) -> str:
     """A ``where`` is one boolean SQL expression; ``None`` or empty means every row."""
-    if where is None or not str(where).strip():
-        return "TRUE"
-    where = str(where)
-    if _FORBIDDEN.search(where):
-        raise QueryError(f"a where predicate must be a single SQL expression, got {where!r}")
-    return f"({where})"
+    # also receives what the samplers composed around a checked where (their own subqueries over meta)
+    return predicate.check(where, composed=True)
 
 
 def stream(sql: str, tables: dict[str, Any], batch_size: int, setup: list[str] = ()) -> Iterator[pa.RecordBatch]:

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..dataset import _one_batch, pad_lists
+from ..dataset import one_batch, pad_lists
 
 __all__ = ["from_dataproto", "push_dataproto", "sample_dataproto", "to_dataproto"]
 
@@ -185,7 +185,7 @@ def to_dataproto(
     torch = _torch()
     from verl.protocol import DataProto
 
-    batch = _one_batch(rows) if isinstance(rows, pa.Table) else rows
+    batch = one_batch(rows) if isinstance(rows, pa.Table) else rows
     names = batch.schema.names
     for need in ("prompt_ids", "response_ids", "group_id"):
         if need not in names:

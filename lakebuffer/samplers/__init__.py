@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ..predicate import check
 from .base import Sampler
 from .episode import EpisodeSampler
 from .filtered import FilteredSampler
@@ -71,9 +72,7 @@ def resolve(sampler: str | Sampler | type[Sampler] | None, **options: Any) -> Sa
 
 def draw(strategy: Sampler, catalog: Any, n: int, where: str | None, seed: int | None) -> pa.Array:
     """Run ``strategy`` with a seeded RNG; the keys as one Arrow array (shared by buffers and lake views)."""
-    from ..catalog import check_predicate
-
-    check_predicate(where)
+    check(where)
     keys = strategy.sample(catalog, int(n), where, np.random.default_rng(seed))
     return keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
 

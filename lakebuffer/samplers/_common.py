@@ -16,7 +16,6 @@ much work is done.
 from __future__ import annotations
 
 import math
-import re
 import threading
 import weakref
 from collections import OrderedDict
@@ -26,8 +25,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..catalog import check_predicate
-from ..errors import QueryError
+from .. import predicate
 
 if TYPE_CHECKING:
     from ..catalog import Catalog
@@ -45,24 +43,22 @@ _TOTALS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 _POPULATION: OrderedDict[tuple, float] = OrderedDict()
 _CACHE_MAX = 512
 _CACHE_LOCK = threading.Lock()  # the caches are shared by every buffer of the process
-_NUMBER = re.compile(r"(?<![\w'])\d+(?:\.\d*)?(?:[eE][-+]?\d+)?")
 
 
 # predicates ---------------------------------------------------------------------------------------
 def combine(*preds: str | None) -> str:
-    """``(a) AND (b) ...`` of the non-empty predicates (each checked), ``TRUE`` if none."""
-    parts = [check_predicate(p) for p in preds if p is not None and str(p).strip()]
-    parts = [p for p in parts if p != "TRUE"]
+    """``(a) AND (b) ...`` of the non-empty predicates, ``TRUE`` if none.
+
+    Not checked here: the parts are a ``where`` that ``samplers.draw`` checked and SQL the samplers
+    wrote (which may hold their own subqueries, e.g. ``key IN (SELECT key FROM meta ...)``).
+    """
+    parts = [f"({p})" for p in preds if p is not None and str(p).strip()]
     return " AND ".join(parts) if parts else "TRUE"
 
 
 def check_expression(expr: str, what: str) -> str:
-    """A user SQL expression (priority, ordering column): one expression, no statement separator."""
-    if not isinstance(expr, str) or not expr.strip():
-        raise ValueError(f"{what} must be a non-empty SQL expression")
-    if ";" in expr:
-        raise QueryError(f"{what} must be a single SQL expression, got {expr!r}")
-    return f"({expr})"
+    """A user SQL expression (priority, ordering column), checked like a where (see ``predicate``)."""
+    return predicate.check_expression(expr, what)
 
 
 def resolve(catalog: Catalog, where: str | None, *parts: str | None) -> tuple[str, str]:
@@ -147,7 +143,7 @@ def meta_rows(catalog: Catalog) -> int:
 
 def shape_of(pred: str) -> str:
     """The predicate with numeric literals blanked: ``policy_version >= 41`` and ``>= 42`` share a density."""
-    return _NUMBER.sub("#", pred)
+    return predicate.shape(pred)
 
 
 def _remember(key: tuple, population: float) -> None:

@@ -8,6 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..predicate import parse
 from . import _common as c
 from .base import Sampler
 from .uniform import UniformSampler
@@ -44,6 +45,8 @@ class SuccessBlendSampler(Sampler):
             raise ValueError(f"max_lag must be a non-negative integer, got {max_lag!r}")
         self.success_fraction = float(success_fraction)
         self.threshold = float(threshold)
+        parse(success_where, "success_where")  # user SQL: one expression over the row's columns
+        parse(fresh_where, "fresh_where")
         self.success_where = success_where or f"verified OR reward >= {c.literal(self.threshold)}"
         self.fresh_where = fresh_where
         self.max_lag = int(max_lag)
