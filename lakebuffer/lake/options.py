@@ -42,11 +42,10 @@ class LakeOptions:
     verify_reads: bool = True
 
     @classmethod
-    def build(cls, *, encode_threads: int | None = None, **kw: object) -> LakeOptions:
-        """Options from ``Lake``'s keyword arguments: numbers as int, flags as bool, threads defaulted."""
-        ints = {k: int(v) for k, v in kw.items() if k not in ("ranged_reads", "verify_reads")}  # type: ignore[call-overload]
-        flags = {k: v for k, v in kw.items() if k in ("ranged_reads", "verify_reads")}
-        if "ranged_reads" in flags:
-            flags["ranged_reads"] = bool(flags["ranged_reads"])
+    def build(
+        cls, *, encode_threads: int | None = None, ranged_reads: bool = False, verify_reads: bool = True, **sizes: int
+    ) -> LakeOptions:
+        """Options from ``Lake``'s keyword arguments: sizes as int, ``encode_threads`` defaulted."""
         threads = int(encode_threads) if encode_threads else default_encode_threads()
-        return cls(encode_threads=threads, **ints, **flags)  # type: ignore[arg-type]
+        ints = {k: int(v) for k, v in sizes.items()}
+        return cls(encode_threads=threads, ranged_reads=bool(ranged_reads), verify_reads=verify_reads, **ints)
