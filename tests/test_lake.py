@@ -140,7 +140,7 @@ def where(request, tmp_path) -> Where:
 
 
 def file_bytes(lake: Lake, rel: str) -> bytes:
-    return lake.fs.cat_file(lake._abs(rel))
+    return lake.fs.cat_file(lake.store.abs(rel))
 
 
 # --------------------------------------------------------------------------------------------
@@ -349,13 +349,13 @@ def test_s3_outage_at_manifest_commit_leaves_only_invisible_orphans(s3_server, s
     t1 = rollouts(100, seed=1)
     lake.commit_snapshot("run-a", [t1])
     before = _committed_state(lake, "run-a")
-    put = lake._put_exclusive
+    put = lake.store.put_exclusive
 
     def outage_then_put(rel, data):
         s3_server.stop()  # data and delete files are uploaded, the manifest write fails
         return put(rel, data)
 
-    monkeypatch.setattr(lake, "_put_exclusive", outage_then_put)
+    monkeypatch.setattr(lake.store, "put_exclusive", outage_then_put)
     try:
         with pytest.raises(LakeError, match="snapshot 2 of run 'run-a'.*either fully visible or not at all"):
             lake.commit_snapshot("run-a", [rollouts(100, seed=2)], deleted_keys=["run-a-1-00000"])
@@ -364,7 +364,7 @@ def test_s3_outage_at_manifest_commit_leaves_only_invisible_orphans(s3_server, s
     monkeypatch.undo()
     assert _committed_state(lake, "run-a") == before and len(lake.deleted_keys()) == 0
     on_s3 = {p for p in fs.find(f"{s3_bucket[5:]}/lake") if p.endswith((".parquet", ".arrow"))}
-    committed = {lake._abs(f["path"]) for f in lake.latest_manifest("run-a")["files"]}
+    committed = {lake.store.abs(f["path"]) for f in lake.latest_manifest("run-a")["files"]}
     assert len(on_s3 - committed) == 3 + 1  # uploaded, uncommitted, invisible
     assert lake.gc(older_than_s=3600) == 0
     assert lake.gc(older_than_s=0) == 4
@@ -554,7 +554,7 @@ def test_compaction_target_size_and_concurrent_snapshot(where):
 
 
 def _files_of(lake: Lake, pred) -> set[str]:
-    return {lake._abs(f["path"]) for r in lake.runs() for f in lake.latest_manifest(r)["files"] if pred(r, f)}
+    return {lake.store.abs(f["path"]) for r in lake.runs() for f in lake.latest_manifest(r)["files"] if pred(r, f)}
 
 
 def test_partition_pruning_opens_only_matching_files(where):
@@ -602,7 +602,7 @@ def test_prune_hint_lets_hive_readers_skip_other_buckets(tmp_path):
     # replace the files of buckets 2..4 with garbage: a reader that opens them fails
     for f in lake.latest_manifest("run-a")["files"]:
         if f["policy_bucket"] >= 2:
-            with open(lake._abs(f["path"]), "wb") as out:
+            with open(lake.store.abs(f["path"]), "wb") as out:
                 out.write(b"not parquet")
     glob = f"{lake.url}/*/*/*.parquet"
     where = "reward >= 0 AND policy_version <= 1"
@@ -717,7 +717,7 @@ def test_checksum_mismatch_raises_corruption_naming_the_file(where):
     victim = m["files"][0]
     data = bytearray(file_bytes(lake, victim["path"]))
     data[len(data) // 2] ^= 0xFF  # same size, one flipped byte
-    lake.fs.pipe_file(lake._abs(victim["path"]), bytes(data))
+    lake.fs.pipe_file(lake.store.abs(victim["path"]), bytes(data))
     name = victim["path"].rsplit("/", 1)[1]
     with pytest.raises(CorruptionError, match=name):
         lake.verify()
@@ -729,12 +729,12 @@ def test_checksum_mismatch_raises_corruption_naming_the_file(where):
         lake.compact(target_file_bytes=2**20)
     assert lake.latest_manifest("run-a") == m  # the failed compaction committed nothing
     # a missing file is named too
-    lake.fs.rm_file(lake._abs(victim["path"]))
+    lake.fs.rm_file(lake.store.abs(victim["path"]))
     with pytest.raises(CorruptionError, match="missing"):
         lake.verify()
     # a corrupt delete file is caught when tombstones are loaded
     d = m["delete_files"][0]
-    lake.fs.pipe_file(lake._abs(d["path"]), b"garbage")
+    lake.fs.pipe_file(lake.store.abs(d["path"]), b"garbage")
     with pytest.raises(CorruptionError, match=d["path"].rsplit("/", 1)[1]):
         where.lake().deleted_keys("run-a")
 
@@ -742,13 +742,13 @@ def test_checksum_mismatch_raises_corruption_naming_the_file(where):
 def test_commit_whose_reply_was_lost_is_recognised(tmp_path, monkeypatch):
     lake = Lake(str(tmp_path / "lake"))
     t = rollouts(20)
-    put = lake._put_exclusive
+    put = lake.store.put_exclusive
 
     def put_then_fail(rel, data):
         put(rel, data)  # the manifest lands, but the caller hears an error (a lost reply)
         raise OSError("connection reset after the write")
 
-    monkeypatch.setattr(lake, "_put_exclusive", put_then_fail)
+    monkeypatch.setattr(lake.store, "put_exclusive", put_then_fail)
     m = lake.commit_snapshot("run-a", [t])
     assert m["snapshot_id"] == 1 and lake.snapshots("run-a") == [1]
     same(lake.dataset().to_table(), t)

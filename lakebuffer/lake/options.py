@@ -1,0 +1,51 @@
+"""Tuning of one open lake (sizes, threads, read behaviour), as a frozen dataclass.
+
+Frozen so that a writer or reader started with one set of options keeps it for its whole life; a
+change (``Lake.ranged_reads = True``) builds a new ``LakeOptions`` and applies to the next operation.
+The partitioning (``policy_bucket_size``) is not here: it is a property of the stored lake, kept in
+``_lakebuffer.json``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .layout import MiB
+
+
+def default_encode_threads() -> int:
+    """Half the CPUs, at most 4: the other half is left to the upload."""
+    return max(1, min(4, (os.cpu_count() or 2) // 2))
+
+
+@dataclass(frozen=True)
+class LakeOptions:
+    """``row_group_bytes`` (uncompressed Arrow bytes) / ``row_group_rows`` bound Parquet row groups
+    (whichever comes first); ``target_file_bytes`` rotates snapshot files; ``encode_threads`` encode
+    row groups of one partition into that many files in parallel. Uploads: ``upload_chunk_bytes`` per
+    write to the store, ``upload_part_bytes`` S3 multipart parts with ``upload_concurrency`` in flight;
+    ``block_bytes`` is the crc32 block size. Reads: ``read_concurrency`` fetch threads,
+    ``read_ahead_bytes`` ahead, ``ranged_reads`` (see ``reader.BlockReader``), ``verify_reads``."""
+
+    row_group_bytes: int = 32 * MiB
+    row_group_rows: int = 64 * 1024
+    target_file_bytes: int = 48 * MiB
+    encode_threads: int = 1
+    upload_chunk_bytes: int = 8 * MiB
+    upload_part_bytes: int = 8 * MiB
+    upload_concurrency: int = 3
+    block_bytes: int = 8 * MiB
+    read_concurrency: int = 3
+    read_ahead_bytes: int = 128 * MiB
+    ranged_reads: bool = False
+    verify_reads: bool = True
+
+    @classmethod
+    def build(
+        cls, *, encode_threads: int | None = None, ranged_reads: bool = False, verify_reads: bool = True, **sizes: int
+    ) -> LakeOptions:
+        """Options from ``Lake``'s keyword arguments: sizes as int, ``encode_threads`` defaulted."""
+        threads = int(encode_threads) if encode_threads else default_encode_threads()
+        ints = {k: int(v) for k, v in sizes.items()}
+        return cls(encode_threads=threads, ranged_reads=bool(ranged_reads), verify_reads=verify_reads, **ints)
