@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from ..errors import LakeBufferError, LakeError, ReadOnlyError, SchemaError
+from ..predicate import partition_hint
 from ..resources import render_sql
 from ..schema import PARTITIONING, ROLLOUT_SCHEMA
 from . import maintenance
@@ -24,7 +25,6 @@ from .fs import LakeFS
 from .layout import PARTITION_FIELDS, MiB, check_run_id
 from .manifest import ManifestLog, ensure_settings, read_settings
 from .options import LakeOptions
-from .prune import prune_hint
 from .reader import BlockReader, copy_rows, files_with_keys
 from .rows import (
     as_key_array,
@@ -270,7 +270,7 @@ class Lake:
         comparisons on ``policy_version`` (>=, >, =, <=, <, BETWEEN, IN), so engines that prune only on
         hive columns (DuckDB read_parquet, polars) skip other buckets. Anything else is left as is; a
         predicate with a top-level OR is returned unchanged."""
-        return prune_hint(where, self.policy_bucket_size)
+        return partition_hint(where, "policy_version", "policy_bucket", self.policy_bucket_size)
 
     def scan_batches(
         self,
