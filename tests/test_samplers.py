@@ -8,11 +8,17 @@ its rows are spread over the hot and warm tiers and insertion order is unrelated
   agent a1 of team t0 has no row at step 2).
 Statistical tests use fixed seeds and hard-coded chi-square critical values (alpha = 0.001,
 Wilson-Hilferty), so they are reproducible and would fail on a biased sampler.
+
+Every test that takes ``buf`` runs once per reader (tests/conformance/test_readers.py builds them
+over the same world): ReplayBuffer with a ``file://`` lake and with an S3 lake, the read-only
+LakeView of the snapshot, and ShardedReplayBuffer. ``@readers(...)`` narrows a test to the readers
+whose semantics it holds for, and says why.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 
 import numpy as np
 import pyarrow as pa
@@ -20,6 +26,7 @@ import pytest
 
 import lakebuffer as lb
 from lakebuffer.samplers import Sampler
+from tests.conformance.test_readers import KINDS, RAY, open_reader, ray_session
 
 T0_US = 1_767_225_600_000_000  # 2026-01-01
 META = ["key", "group_id", "episode_id", "team_id", "agent_id", "step", "policy_version", "reward", "advantage",
@@ -88,15 +95,44 @@ def _fill(buf: lb.ReplayBuffer, table: pa.Table = WORLD, batch: int = 64) -> Non
         buf.push(table.slice(i, batch))
 
 
+AVAILABLE = tuple(k for k in KINDS if RAY or k != "sharded")
+
+
+def readers(*kinds: str, why: str):
+    """Run the decorated test only under ``kinds`` (``why``: what the other readers do differently)."""
+
+    def mark(fn):
+        fn.readers = kinds
+        fn.readers_why = why
+        return fn
+
+    return mark
+
+
+def pytest_generate_tests(metafunc):
+    """Parametrize ``buf`` by reader; a reader a test is not meant for is listed as skipped, with why."""
+    if "buf" in metafunc.fixturenames:
+        meant = getattr(metafunc.function, "readers", KINDS)
+        why = getattr(metafunc.function, "readers_why", "")
+        params = [k if k in meant else pytest.param(k, marks=pytest.mark.skip(reason=why)) for k in AVAILABLE]
+        metafunc.parametrize("buf", params, indirect=True, scope="module")
+
+
 @pytest.fixture(scope="module")
-def buf(tmp_path_factory):
-    b = _open(tmp_path_factory.mktemp("samplers"))
-    _fill(b)
-    b.flush()  # write-back done: about half the budget stays hot, the rest is warm
-    st = b.stats()
-    assert st["hot"]["rows"] > 0 and st["warm"]["rows"] > 0, "rows should span the hot and warm tiers"
-    yield b
-    b.close()
+def buf(request, tmp_path_factory):
+    """The world in one reader of each kind (built once per module and kind)."""
+    kind = request.param
+    with contextlib.ExitStack() as stack:
+        if kind == "sharded":
+            stack.enter_context(ray_session())
+        s3 = request.getfixturevalue("s3_server") if kind == "s3" else None
+        root = tmp_path_factory.mktemp(f"samplers-{kind}")
+        # write-back done (flushed): about half the budget stays hot, the rest is warm
+        b = stack.enter_context(open_reader(kind, WORLD, root, s3_server=s3, run_id="world", memory_limit_mb=0.2))
+        if kind in ("local", "s3"):
+            st = b.stats()
+            assert st["hot"]["rows"] > 0 and st["warm"]["rows"] > 0, "rows should span the hot and warm tiers"
+        yield b
 
 
 def keys_of(buf, n, **kw) -> list[str]:
@@ -122,6 +158,7 @@ def test_every_strategy_is_registered():
                                         "group", "episode", "segment", "team", "max_reuse", "priority"}
 
 
+@readers("local", "s3", "lakeview", why="a shard's TypeError reaches the caller as ShardError")
 def test_get_builds_by_name_with_options(buf):
     s = lb.samplers.get("freshness", max_lag=1, current_version=9)
     assert isinstance(s, lb.samplers.FreshnessSampler) and (s.max_lag, s.current_version) == (1, 9)
@@ -133,6 +170,7 @@ def test_get_builds_by_name_with_options(buf):
         buf.sample(2, sampler=s, max_lag=3)  # options go to the constructor, not with an instance
 
 
+@readers("local", "s3", "lakeview", why="the sampler registry is per process: Ray shards do not see a name registered here")
 def test_a_users_own_sampler_is_used_by_name(buf):
     class SmallestKeys(Sampler):
         def __init__(self, offset: int = 0):
@@ -177,6 +215,7 @@ def test_uniform_without_replacement_is_uniform(buf):
     assert together.var() / together.mean() < 1.3
 
 
+@readers("local", "s3", "lakeview", why="the sharded coordinator refuses n above the matching rows, even with replacement")
 def test_uniform_with_replacement_is_uniform(buf):
     population = [r["key"] for r in table(buf, POOL)]
     got = keys_of(buf, 24_000, where=POOL, seed=3, replacement=True)
@@ -189,6 +228,7 @@ def test_uniform_with_replacement_is_uniform(buf):
     assert 130 < distinct < 175
 
 
+@readers("local", "s3", why="it reads a ReplayBuffer's own sampling catalog")
 def test_uniform_is_the_same_as_the_plain_top_n(buf):
     """The threshold scan is an optimisation only: the answer is the n smallest seeded hashes."""
     rng = np.random.default_rng(11)
@@ -207,6 +247,7 @@ def _version_counts(buf, keys) -> np.ndarray:
     return np.bincount([version[k] for k in keys], minlength=10)
 
 
+@readers("local", "s3", "lakeview", why="the sharded coordinator refuses n above the matching rows, even with replacement")
 def test_prioritized_time_frequencies_follow_the_weights(buf):
     weights = 2.0 ** (np.arange(10) / 2.0)  # half_life = 2 versions
     share = weights / weights.sum()
@@ -245,11 +286,13 @@ def test_freshness_never_returns_a_row_past_max_lag(buf, current, max_lag):
         buf.sample(10, sampler="freshness", max_lag=0, current_version=100)
 
 
+@readers("local", "s3", "lakeview", why="shards split n by matching rows, so a shard may be asked for more groups than it holds")
 def test_freshness_composes_with_another_base_sampler(buf):
     got = rows_of(buf, 10, sampler="freshness", max_lag=1, base="group", where=GRPO)
     assert len(got) == 80 and {r["policy_version"] for r in got} <= {8, 9}
 
 
+@readers("local", "s3", "lakeview", why="top/bottom fractions are quantiles of each shard, not of all rows")
 def test_reward_threshold_and_top_fraction(buf):
     got = rows_of(buf, 40, sampler="reward", min_reward=0.6, where=GRPO, seed=1)
     assert len(got) == 40 and all(r["reward"] >= np.float32(0.6) for r in got)
@@ -310,6 +353,7 @@ def test_group_returns_complete_groups_only(buf):
         assert all(run == sorted(run, key=lambda r: r["key"]) for run in runs)
 
 
+@readers("local", "s3", "lakeview", why="shards split n by matching rows and each rounds up to whole groups")
 def test_group_match_all_any_and_rows_unit(buf):
     rows = table(buf, GRPO)
     low = {r["group_id"] for r in rows if r["reward"] <= 0.15}
@@ -432,6 +476,7 @@ def test_max_reuse_with_a_payload_predicate_reads_live_counts(tmp_path):
 
 
 # --- priority --------------------------------------------------------------------------------------
+@readers("local", "s3", "lakeview", why="the sharded coordinator refuses n above the matching rows, even with replacement")
 def test_priority_frequencies_follow_priority_to_the_alpha(buf):
     pri = dict(sampler="priority", priority="policy_version", where=GRPO)
     got = keys_of(buf, 18_000, alpha=1.0, replacement=True, seed=8, **pri)
@@ -524,6 +569,7 @@ def test_bad_where_raises_query_error(buf, name):
         buf.sample(n, where="reward > 0; DROP TABLE meta", **opts)
 
 
+@readers("local", "s3", "lakeview", why="the sharded coordinator refuses n above the matching rows before allow_fewer/replacement apply")
 def test_not_enough_rows(buf):
     with pytest.raises(lb.NotEnoughRowsError):
         buf.sample(241, where=POOL)

@@ -13,7 +13,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from . import data
+from . import data, limits
+from .systems import close_store
 
 Progress = Callable[[str, int, int], None]
 
@@ -130,16 +131,27 @@ class Context:
         p.mkdir(parents=True)
         return p
 
+    def limit(self, name: str) -> dict[str, Any]:
+        """A physical limit (``memcpy``, ``disk``, ``s3``), measured once per run on first use."""
+        if name not in self.limits:
+            cfg = self.cfg
+            trials = max(cfg.trials, 3) if not cfg.quick else 2
+            self.say(f"limit: {name}")
+            try:
+                if name == "memcpy":
+                    self.limits[name] = limits.memcpy(cfg.memcpy_bytes, trials=5)
+                elif name == "disk":
+                    self.limits[name] = limits.disk(self.workdir, cfg.disk_bytes, trials=trials)
+                elif name == "s3":
+                    self.limits[name] = limits.s3(self.s3(), cfg.s3_bytes, trials=trials)
+            except Exception as e:
+                self.limits[name] = error_entry(e)
+        return self.limits[name]
+
     def drop_store(self, name: str) -> None:
         store = self.stores.pop(name, None)
         if store is not None:
-            try:
-                store.close()
-            except Exception:
-                pass
-            root = getattr(store, "root", None)
-            if root is not None:
-                shutil.rmtree(root, ignore_errors=True)
+            close_store(store, getattr(store, "root", None))
 
     def close(self) -> None:
         for name in list(self.stores):

@@ -1,11 +1,23 @@
-"""lakebuffer behind the same small store surface as the baselines, through its public API only."""
+"""The systems under test behind one small store surface: lakebuffer (public API only) and how
+every scenario builds, fills and disposes of a payload store, so no scenario repeats that."""
 
 from __future__ import annotations
 
+import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+
+from . import baselines as bl
+from .timing import median, percentile
+
+PAYLOAD_SYSTEMS = ("lakebuffer", "lakebuffer_memory", "rocksdb_pickle", "deque", "torchrl")
+BASELINES = ("rocksdb_pickle", "deque", "torchrl")
+SAMPLE_N = 256  # rows per sample / get call in every scenario
+REWARD_GT = 0.5  # the reward threshold of every scenario's predicate
 
 
 def where(reward_gt: float, version_ge: int) -> str:
@@ -69,3 +81,45 @@ class LakeBufferStore:
 
     def close(self) -> None:
         self.buf.close()
+
+
+def payload_factory(name: str, rows: int, budget_mb: int) -> Callable[[Path], Any] | str:
+    """How to build system ``name`` for a payload of ``rows`` rows, or why it can't be built."""
+    if name == "lakebuffer":
+        return lambda root: LakeBufferStore(root, budget_mb)
+    if name == "lakebuffer_memory":
+        return lambda root: LakeBufferStore(root, budget_mb, durability="memory")
+    if name == "rocksdb_pickle":
+        return lambda root: bl.RocksPickleStore(root, budget_mb << 20)
+    if name == "deque":
+        return lambda root: bl.DequeStore(root, budget_mb << 20)
+    if name == "torchrl":
+        reason = bl.torch_available()
+        return reason if reason else (lambda root: bl.TorchRLStore(root, rows))
+    raise KeyError(name)
+
+
+def ingest_once(store: Any, tables: list[pa.Table]) -> dict[str, Any]:
+    """Push every batch; only ``push`` and the final ``finish`` are timed."""
+    pushes: list[float] = []
+    for t in tables:
+        item = store.prepare(t)
+        t0 = time.perf_counter()
+        store.push(item)
+        pushes.append(time.perf_counter() - t0)
+        del item
+    t0 = time.perf_counter()
+    store.finish()
+    finish = time.perf_counter() - t0
+    return {"seconds": sum(pushes) + finish, "finish_s": finish, "push_p50_ms": median(pushes) * 1e3, "push_p99_ms": percentile(pushes, 99) * 1e3}
+
+
+def close_store(store: Any, root: Path | None) -> None:
+    """Close ``store`` (a failure to close is not a benchmark figure) and remove its directory."""
+    if store is not None:
+        try:
+            store.close()
+        except Exception:
+            pass
+    if root is not None:
+        shutil.rmtree(root, ignore_errors=True)

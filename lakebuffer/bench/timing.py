@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -50,6 +51,13 @@ def latency_loop(fn: Callable[[int], Any], *, min_trials: int, max_trials: int, 
         "trials": len(times),
         "first_ms": first * 1e3,
     }
+
+
+def safe_ratio(a: float | None, b: float | None) -> float | None:
+    """``a / b``, or ``None`` when either side is missing (a system that failed or was skipped)."""
+    if a is None or b is None or not b or (isinstance(a, float) and math.isnan(a)):
+        return None
+    return a / b
 
 
 def gbps(nbytes: float, seconds: float) -> float:
