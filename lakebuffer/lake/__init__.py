@@ -54,8 +54,9 @@ Package layout (one job per module; ``ColdStore`` below is the interface the res
 * ``tombstones``  delete files: write, read and cache their keys.
 * ``writer``      streaming Parquet writer of a snapshot (lanes, checksums, background upload).
 * ``reader``      verified read-ahead reader (``BlockReader``) and row copies.
-* prune hints come from ``lakebuffer.predicate.partition_hint`` (the one predicate model).
 * ``maintenance`` verify, compact, gc, aborting stale multipart uploads.
+
+Prune hints (``Lake.prune_hint``) come from ``lakebuffer.predicate.partition_hint``, the one predicate model.
 """
 
 from __future__ import annotations
