@@ -23,7 +23,7 @@ from .schema import key_list, metadata_columns, projection
 
 
 class LakeView:
-    """Read-only buffer-like access to a lake (``open_lake``)."""
+    """Read-only buffer-like access to a lake (``open_lake``); a ``RolloutReader``."""
 
     def __init__(self, url: str, storage_options: dict | None = None, run_id: str | None = None) -> None:
         self.lake = Lake(url, storage_options, read_only=True)
@@ -100,6 +100,11 @@ class LakeView:
         view = render_sql("lake_view", view="rollouts", source="__lakeview_rollouts")
         yield from stream(sql, {"__lakeview_rollouts": self._dataset}, batch_size, setup=[view])
 
+    def count(self, where: str | None = None) -> int:
+        """How many rollouts of the view match ``where`` (all if None)."""
+        self._check()
+        return self._catalog.count(where)
+
     def stats(self) -> dict[str, Any]:
         self._check()
         st = self.lake.stats(self.run_id)
@@ -112,7 +117,7 @@ class LakeView:
         return writable.compact(self.run_id, target_file_bytes=target_file_bytes, progress=progress)
 
     def __len__(self) -> int:
-        return int(self.sql("SELECT count(*) FROM meta").column(0)[0].as_py())
+        return self.count()
 
     def push(self, *_: Any, **__: Any) -> None:
         raise ReadOnlyError("a lake view is read-only; push into a ReplayBuffer")

@@ -335,7 +335,7 @@ def test_replay_counts_stay_queued_until_their_queue_is_large(tmp_path, monkeypa
             buf.sample(256, seed=seed, return_keys=True)
         buf.flush()
         assert buf._catalog.pending == (0, 40 * 256)
-        monkeypatch.setattr("lakebuffer.buffer._QUEUED_COUNT_ROWS", 1000)
+        monkeypatch.setattr("lakebuffer.catalog._QUEUED_COUNT_ROWS", 1000)
         buf.sample(256, seed=40, return_keys=True)
         buf.flush()  # the background flush ran
         assert buf._catalog.pending == (0, 0)
