@@ -121,11 +121,15 @@ class Catalog:
                 self._synced = state
 
     def _register_sources(self, sources: dict[str, Any]) -> None:
+        self.define_views(sources, [sql_text("tier_views"), sql_text("rollouts_view")])
+
+    def define_views(self, sources: dict[str, Any], statements: Sequence[str]) -> None:
+        """Register Arrow objects by name, then run the statements that define views over them."""
         with self.lock:
             for name, obj in sources.items():
                 self.con.register(name, obj)
-            self.con.execute(sql_text("tier_views"))
-            self.con.execute(sql_text("rollouts_view"))
+            for stmt in statements:
+                self.con.execute(stmt)
 
     def register_lake(self, lake: Any, run_id: str) -> None:
         """Point the ``cold`` (this run) and ``lake`` (all runs) views at the lake's snapshots."""

@@ -37,12 +37,12 @@ class LakeView:
 
     def refresh(self) -> None:
         """See snapshots committed since the view was opened."""
-        with self._catalog.lock:
-            self._dataset = self.lake.dataset(self.run_id)
-            self._catalog.con.register("__lakeview_rollouts", self._dataset)
-            self._catalog.con.execute(render_sql("lake_view", view="rollouts", source="__lakeview_rollouts"))
-            cols = ", ".join(f'"{c}"' for c in self.meta_columns)
-            self._catalog.con.execute(render_sql("lake_meta_view", columns=cols))
+        self._dataset = self.lake.dataset(self.run_id)
+        cols = ", ".join(f'"{c}"' for c in self.meta_columns)
+        self._catalog.define_views({"__lakeview_rollouts": self._dataset}, [
+            render_sql("lake_view", view="rollouts", source="__lakeview_rollouts"),
+            render_sql("lake_meta_view", columns=cols),
+        ])
 
     def dataset(self) -> pa.dataset.Dataset:
         """The pyarrow dataset this view is pinned to (its manifests as of ``open``/``refresh``)."""
