@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from .errors import LakeBufferError
-from .schema import to_table
+from .schema import key_list, to_table
 
 
 class ShardError(LakeBufferError, RuntimeError):
@@ -236,7 +236,7 @@ class ShardedReplayBuffer:
 
     def get(self, keys: Sequence[str] | pa.Array, columns: Sequence[str] | None = None) -> pa.Table:
         """Rows by key: every shard is asked for the keys whose prefix names it."""
-        keys = keys.to_pylist() if isinstance(keys, (pa.Array, pa.ChunkedArray)) else list(keys)
+        keys = key_list(keys)
         by_shard: dict[int, list[int]] = {}
         for j, k in enumerate(keys):
             prefix = k.rsplit("-", 1)[0]

@@ -15,7 +15,7 @@ from .engine.dirlock import DirLock
 from .engine.writeback import FragmentInstaller
 from .errors import CorruptionError
 from .index import BatchInfo, KeyIndex
-from .schema import metadata_columns
+from .schema import conform_restored, metadata_columns
 from .tiers import WarmTier, WriteAheadLog
 
 
@@ -154,9 +154,8 @@ def _rebuild_from_lake(index: KeyIndex, installer: FragmentInstaller, info: Batc
     try:
         with LakeView(lake_url, storage_options=storage_options, run_id=run) as view:
             rows = view.get(keys, [c for c in schema.names if c in view.schema.names])
+        table = conform_restored(rows, schema, run)
     except Exception:  # noqa: BLE001 - the lake cannot help: the batch is reported lost instead
         return False
-    table = pa.table({f.name: rows.column(f.name).cast(f.type) if f.name in rows.column_names
-                      else pa.nulls(rows.num_rows, f.type) for f in schema}, schema=schema)
     installer.install(table, snapshot=info.snapshot, batch_id=info.batch_id, meta=meta)
     return True

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..catalog import check_predicate
+from ..schema import key_list
 from .budget import Budget
 from .state import BufferState
 from .writeback import WriteBack
@@ -37,7 +38,7 @@ def delete(s: BufferState, budget: Budget, writeback: WriteBack, keys: Sequence[
 def _matching(s: BufferState, keys: Sequence[str] | pa.Array | None, where: str | None) -> list[str]:
     wanted: list[str] = []
     if keys is not None:
-        wanted = keys.to_pylist() if isinstance(keys, (pa.Array, pa.ChunkedArray)) else list(keys)
+        wanted = key_list(keys)
     if where is not None:
         source = s.catalog.source_for(where)
         t = s.catalog.query(s.catalog.render("select_keys", source=source, where=check_predicate(where)))

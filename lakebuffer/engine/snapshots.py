@@ -22,8 +22,7 @@ import pyarrow as pa
 
 from ..errors import LakeError
 from ..lake import Lake
-from ..schema import conform
-from .ingest import now_us
+from ..schema import conform_restored
 from .reads import read_batch
 from .state import BufferState
 from .tasks import P0
@@ -201,11 +200,8 @@ class Snapshots:
             return
         total = sum(int(f["rows"]) for f in manifest["files"])
         done = 0
-        names = list(s.schema.names)
         for rb in self.lake.scan_batches(s.run_id, snapshot_id=manifest["snapshot_id"]):
-            table = pa.Table.from_batches([rb])
-            table = table.select([c for c in names if c in table.column_names])
-            table = conform(table, s.schema, run_id=s.run_id, now=now_us(), keys=None)
+            table = conform_restored(pa.Table.from_batches([rb]), s.schema, s.run_id)
             self.installer.install(table, snapshot=manifest["snapshot_id"])
             done += table.num_rows
             if progress is not None:
