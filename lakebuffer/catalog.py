@@ -34,9 +34,6 @@ if TYPE_CHECKING:
     from .tiers import Tier
 
 _FORBIDDEN = re.compile(r";")
-#: Queued metadata inserts / replay counts are applied in the background past these (see ``_maybe_flush``).
-_QUEUED_META_ROWS = 8192
-_QUEUED_COUNT_ROWS = 262_144
 
 
 def check_predicate(where: str | None) -> str:
@@ -68,6 +65,11 @@ def stream(sql: str, tables: dict[str, Any], batch_size: int, setup: list[str] =
         yield from reader
     finally:
         con.close()
+
+
+#: Queued metadata inserts / replay counts are applied in the background past these (see ``_maybe_flush``).
+_QUEUED_META_ROWS = 8192
+_QUEUED_COUNT_ROWS = 262_144
 
 
 class Catalog:
