@@ -21,6 +21,8 @@ from .errors import (
     SchemaError,
     WorkerError,
 )
+from .options import BufferOptions
+from .readers import RolloutReader
 from .schema import ROLLOUT_SCHEMA
 
 __version__ = "0.1.0"
@@ -28,6 +30,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ROLLOUT_SCHEMA",
     "BackpressureError",
+    "BufferOptions",
     "ClosedError",
     "CorruptionError",
     "KeyNotFoundError",
@@ -38,6 +41,7 @@ __all__ = [
     "QueryError",
     "ReadOnlyError",
     "ReplayBuffer",
+    "RolloutReader",
     "SchemaError",
     "WorkerError",
     "samplers",

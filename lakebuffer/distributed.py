@@ -15,7 +15,7 @@ fresh node, restores from the lake; calls in flight to it raise ``ShardError``.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from .errors import LakeBufferError
-from .schema import to_table
+from .schema import key_list, to_table
 
 
 class ShardError(LakeBufferError, RuntimeError):
@@ -50,8 +50,10 @@ class _Shard:
         return self.buf.push(table)
 
     def count(self, where: str | None) -> int:
-        cat = self.buf._catalog_for_sampling()
-        return cat.count(where)
+        return self.buf.count(where)
+
+    def schema(self) -> pa.Schema:
+        return self.buf.schema
 
     def sample(self, n: int, kwargs: dict) -> pa.Table | pa.Array:
         return self.buf.sample(n, **kwargs)
@@ -96,7 +98,11 @@ def split_counts(n: int, weights: Sequence[int]) -> list[int]:
 
 
 class ShardedReplayBuffer:
-    """The ``ReplayBuffer`` API (push/sample/get/sql/delete/snapshot/stats/close) over N Ray actors."""
+    """The ``ReplayBuffer`` API (push/sample/get/sql/delete/snapshot/stats/close) over N Ray actors.
+
+    A ``RolloutReader``: ``sql`` and ``scan`` read the lake after a snapshot of every shard (exact
+    across shards); ``count``, ``sample`` and ``get`` ask the shards.
+    """
 
     def __init__(
         self,
@@ -122,6 +128,7 @@ class ShardedReplayBuffer:
         self.route = route
         self.storage_options = open_kwargs.get("storage_options")
         self._rr = 0
+        self._schema: pa.Schema | None = None
         opts = {"max_restarts": max_restarts, "max_task_retries": 0, "num_cpus": 0, **(actor_options or {})}
         actor = ray.remote(**opts)(_Shard)
         self._shards = []
@@ -184,7 +191,19 @@ class ShardedReplayBuffer:
         return keys.take(pa.array(order))
 
     def counts(self, where: str | None = None) -> list[int]:
+        """Matching rows per shard."""
         return self._call(lambda s: s.count.remote(where))
+
+    def count(self, where: str | None = None) -> int:
+        """Matching rows over all shards."""
+        return int(sum(self.counts(where)))
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The shards' rollout schema (they are opened with the same options)."""
+        if self._schema is None:
+            self._schema = self._get([self._shards[0].schema.remote()])[0]
+        return self._schema
 
     def sample(
         self,
@@ -217,7 +236,7 @@ class ShardedReplayBuffer:
 
     def get(self, keys: Sequence[str] | pa.Array, columns: Sequence[str] | None = None) -> pa.Table:
         """Rows by key: every shard is asked for the keys whose prefix names it."""
-        keys = keys.to_pylist() if isinstance(keys, (pa.Array, pa.ChunkedArray)) else list(keys)
+        keys = key_list(keys)
         by_shard: dict[int, list[int]] = {}
         for j, k in enumerate(keys):
             prefix = k.rsplit("-", 1)[0]
@@ -235,13 +254,23 @@ class ShardedReplayBuffer:
         """Run ``query`` on every shard and concatenate (exact for row-wise queries, not for aggregates)."""
         return pa.concat_tables(self._call(lambda s: s.sql.remote(query)))
 
-    def sql(self, query: str) -> pa.Table:
-        """Analytical SQL over all shards: snapshot them, then run ``query`` over the lake (exact)."""
+    def _lake_view(self):
         from .lakeview import LakeView
 
+        return LakeView(self.lake, storage_options=self.storage_options)
+
+    def sql(self, query: str, params: list | dict | None = None) -> pa.Table:
+        """Analytical SQL over all shards: snapshot them, then run ``query`` over the lake (exact)."""
         self.snapshot()
-        with LakeView(self.lake, storage_options=self.storage_options) as view:
-            return view.sql(query)
+        with self._lake_view() as view:
+            return view.sql(query, params)
+
+    def scan(self, where: str | None = None, columns: Sequence[str] | None = None,
+             batch_size: int = 4096) -> Iterator[pa.RecordBatch]:
+        """Stream every matching row once: snapshot the shards, then scan the lake (bounded memory)."""
+        self.snapshot()
+        with self._lake_view() as view:
+            yield from view.scan(where, columns, batch_size)
 
     def delete(self, keys: Sequence[str] | None = None, where: str | None = None) -> int:
         return int(sum(self._call(lambda s: s.delete.remote(list(keys) if keys is not None else None, where))))
@@ -257,7 +286,7 @@ class ShardedReplayBuffer:
         return {"shards": per, "rows": sum(p["rows"] for p in per)}
 
     def __len__(self) -> int:
-        return int(sum(self.counts(None)))
+        return self.count()
 
     def close(self) -> None:
         ray = _ray()

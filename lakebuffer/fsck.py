@@ -6,16 +6,17 @@ what fsck should report), under the directory lock so no writer runs meanwhile.
 
 from __future__ import annotations
 
-import fcntl
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from .errors import CorruptionError, LockedError
-from .index import KeyIndex
-from .wal import WriteAheadLog
-from .warm import WarmTier
+from .engine.dirlock import DirLock
+from .engine.writeback import FragmentInstaller
+from .errors import CorruptionError
+from .index import BatchInfo, KeyIndex
+from .schema import conform_restored, metadata_columns
+from .tiers import WarmTier, WriteAheadLog
 
 
 def check(path: str | Path, repair: bool = False, lake: str | None = None,
@@ -29,15 +30,11 @@ def check(path: str | Path, repair: bool = False, lake: str | None = None,
     path = Path(path)
     if not (path / "index").is_dir():
         raise FileNotFoundError(f"{path} is not a lakebuffer directory (no index/)")
-    lock = open(path / "LOCK", "a+")
+    lock = DirLock(path).acquire(hint="close it before fsck")
     try:
-        try:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise LockedError(f"{path} is open in another process; close it before fsck") from None
         return _check(path, repair, lake, storage_options)
     finally:
-        lock.close()
+        lock.release()
 
 
 def _check(path: Path, repair: bool, lake_url: str | None, storage_options: dict | None) -> dict[str, Any]:
@@ -103,6 +100,7 @@ def _check(path: Path, repair: bool, lake_url: str | None, storage_options: dict
         if orphan_wal:
             problems.append(f"WAL segments with no hot batch: {orphan_wal}")
         if repair:
+            installer = FragmentInstaller(index, warm, metadata_columns(schema))
             if orphan_frags:
                 warm.drop_fragments(orphan_frags)
                 repaired.append(f"dropped orphan fragments {orphan_frags}")
@@ -122,7 +120,7 @@ def _check(path: Path, repair: bool, lake_url: str | None, storage_options: dict
                 if info.tier == "warm" and info.fragment in fragments:
                     dead_frags.add(info.fragment)
                 if info.snapshot is not None and lake_url and keys and _rebuild_from_lake(
-                    index, warm, info, meta, lake_url, storage_options, schema
+                    index, installer, info, meta, lake_url, storage_options, schema
                 ):
                     repaired.append(f"rebuilt batch {bid} ({len(keys)} rows) from the lake {lake_url}")
                     continue
@@ -142,9 +140,13 @@ def _check(path: Path, repair: bool, lake_url: str | None, storage_options: dict
         index.close()
 
 
-def _rebuild_from_lake(index: KeyIndex, warm: WarmTier, info, meta: pa.Table, lake_url: str,
-                       storage_options: dict | None, schema: pa.Schema) -> bool:
-    """Write the batch's rows, read back from the lake, as a new warm fragment; False if incomplete."""
+def _rebuild_from_lake(index: KeyIndex, installer: FragmentInstaller, info: BatchInfo, meta: pa.Table,
+                       lake_url: str, storage_options: dict | None, schema: pa.Schema) -> bool:
+    """Install the batch's rows, read back from the lake, as a new warm fragment; False if incomplete.
+
+    The batch keeps its id, its snapshot and its metadata as the index holds them (the index's
+    ``sample_count`` is the pushed one: replays live apart, under ``sc/``).
+    """
     from .lakeview import LakeView
 
     run = index.get_setting("run_id").decode()
@@ -152,13 +154,8 @@ def _rebuild_from_lake(index: KeyIndex, warm: WarmTier, info, meta: pa.Table, la
     try:
         with LakeView(lake_url, storage_options=storage_options, run_id=run) as view:
             rows = view.get(keys, [c for c in schema.names if c in view.schema.names])
+        table = conform_restored(rows, schema, run)
     except Exception:  # noqa: BLE001 - the lake cannot help: the batch is reported lost instead
         return False
-    table = pa.table({f.name: rows.column(f.name).cast(f.type) if f.name in rows.column_names
-                      else pa.nulls(rows.num_rows, f.type) for f in schema}, schema=schema)
-    frag, ds = warm.append(table)
-    warm.publish(ds)
-    info.fragment, info.offset, info.files = frag.fragment_id, 0, list(frag.files)
-    info.checksum, info.nbytes, info.rows = frag.checksum, frag.nbytes, table.num_rows
-    index.rewrite_batch(info, [], {k: i for i, k in enumerate(keys)}, meta)
+    installer.install(table, snapshot=info.snapshot, batch_id=info.batch_id, meta=meta)
     return True

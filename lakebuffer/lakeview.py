@@ -23,7 +23,7 @@ from .schema import key_list, metadata_columns, projection
 
 
 class LakeView:
-    """Read-only buffer-like access to a lake (``open_lake``)."""
+    """Read-only buffer-like access to a lake (``open_lake``); a ``RolloutReader``."""
 
     def __init__(self, url: str, storage_options: dict | None = None, run_id: str | None = None) -> None:
         self.lake = Lake(url, storage_options, read_only=True)
@@ -37,12 +37,12 @@ class LakeView:
 
     def refresh(self) -> None:
         """See snapshots committed since the view was opened."""
-        with self._catalog.lock:
-            self._dataset = self.lake.dataset(self.run_id)
-            self._catalog.con.register("__lakeview_rollouts", self._dataset)
-            self._catalog.con.execute(render_sql("lake_view", view="rollouts", source="__lakeview_rollouts"))
-            cols = ", ".join(f'"{c}"' for c in self.meta_columns)
-            self._catalog.con.execute(render_sql("lake_meta_view", columns=cols))
+        self._dataset = self.lake.dataset(self.run_id)
+        cols = ", ".join(f'"{c}"' for c in self.meta_columns)
+        self._catalog.define_views({"__lakeview_rollouts": self._dataset}, [
+            render_sql("lake_view", view="rollouts", source="__lakeview_rollouts"),
+            render_sql("lake_meta_view", columns=cols),
+        ])
 
     def dataset(self) -> pa.dataset.Dataset:
         """The pyarrow dataset this view is pinned to (its manifests as of ``open``/``refresh``)."""
@@ -100,6 +100,11 @@ class LakeView:
         view = render_sql("lake_view", view="rollouts", source="__lakeview_rollouts")
         yield from stream(sql, {"__lakeview_rollouts": self._dataset}, batch_size, setup=[view])
 
+    def count(self, where: str | None = None) -> int:
+        """How many rollouts of the view match ``where`` (all if None)."""
+        self._check()
+        return self._catalog.count(where)
+
     def stats(self) -> dict[str, Any]:
         self._check()
         st = self.lake.stats(self.run_id)
@@ -112,7 +117,7 @@ class LakeView:
         return writable.compact(self.run_id, target_file_bytes=target_file_bytes, progress=progress)
 
     def __len__(self) -> int:
-        return int(self.sql("SELECT count(*) FROM meta").column(0)[0].as_py())
+        return self.count()
 
     def push(self, *_: Any, **__: Any) -> None:
         raise ReadOnlyError("a lake view is read-only; push into a ReplayBuffer")

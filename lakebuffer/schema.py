@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -214,6 +215,13 @@ def conform(table: pa.Table, schema: pa.Schema, *, run_id: str, now: Any, keys: 
     if nan:
         raise SchemaError(f"column 'reward' has {nan} NaN value(s); rewards must be finite numbers")
     return pa.table(columns, schema=schema)
+
+
+def conform_restored(table: pa.Table, schema: pa.Schema, run_id: str) -> pa.Table:
+    """Rows read back from the lake as the buffer's ``schema``: lake-only columns dropped, the rest
+    validated and defaulted like a push (restore and fsck's rebuild share this)."""
+    table = table.select([c for c in schema.names if c in table.column_names])
+    return conform(table, schema, run_id=run_id, now=np.datetime64(time.time_ns() // 1000, "us"), keys=None)
 
 
 def _fill_default(name, col, n, *, run_id, now, keys, filled, type_):

@@ -188,3 +188,18 @@ def test_default_lake_is_embedded_under_the_dir(tmp_path):
         assert buf.lake_url == str(tmp_path / "a" / "lake")
     assert list((tmp_path / "a" / "lake").rglob("*.parquet"))
     assert isinstance(pa.array([1]), pa.Array)
+
+
+def test_buffer_and_lake_view_are_rollout_readers_with_the_same_count(tmp_path):
+    from lakebuffer.readers import RolloutReader
+
+    lake = {"lake": f"file://{tmp_path / 'lake'}"}
+    with lb.ReplayBuffer.open(tmp_path / "a", memory_limit_mb=1, snapshot_interval_s=0, run_id="rd", **lake) as buf:
+        _fill(buf, batches=3)
+        buf.snapshot(wait=True)
+        assert isinstance(buf, RolloutReader)
+        n, n_v1 = buf.count(), buf.count("policy_version = 1")
+        assert (n, n_v1) == (len(buf), 64) and n == 192
+        with lb.ReplayBuffer.open_lake(lake["lake"]) as view:
+            assert isinstance(view, RolloutReader)
+            assert (view.count(), view.count("policy_version = 1")) == (n, n_v1) and len(view) == n

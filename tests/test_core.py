@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import polars as pl
 import pyarrow as pa
@@ -335,9 +337,19 @@ def test_replay_counts_stay_queued_until_their_queue_is_large(tmp_path, monkeypa
             buf.sample(256, seed=seed, return_keys=True)
         buf.flush()
         assert buf._catalog.pending == (0, 40 * 256)
-        monkeypatch.setattr("lakebuffer.buffer._QUEUED_COUNT_ROWS", 1000)
+        monkeypatch.setattr("lakebuffer.catalog._QUEUED_COUNT_ROWS", 1000)
         buf.sample(256, seed=40, return_keys=True)
         buf.flush()  # the background flush ran
         assert buf._catalog.pending == (0, 0)
         with buf._catalog.counts_deferred():  # nothing queued: meta itself holds every replay
             assert buf.sql("SELECT sum(sample_count) FROM meta").column(0)[0].as_py() == 41 * 256
+
+
+def test_bad_options_are_refused_before_anything_is_created(tmp_path):
+    with pytest.raises(ValueError, match="durability"):
+        lb.ReplayBuffer.open(tmp_path / "a", durability="fsync-everything")
+    with pytest.raises(ValueError, match="memory_limit_mb"):
+        lb.ReplayBuffer.open(tmp_path / "b", memory_limit_mb=0)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        lb.BufferOptions().durability = "memory"

@@ -11,6 +11,7 @@ ray = pytest.importorskip("ray")
 
 import lakebuffer as lb  # noqa: E402
 from lakebuffer.distributed import ShardedReplayBuffer, ShardError, split_counts  # noqa: E402
+from lakebuffer.readers import RolloutReader  # noqa: E402
 from tests.rollouts import make_rollouts  # noqa: E402
 
 
@@ -38,6 +39,7 @@ def test_routing_sampling_kill_and_lake(ray_cluster, tmp_path):
         assert len(keys) == len(set(keys)) == 576 and len(buf) == 576
         counts = buf.counts()
         assert all(c > 0 for c in counts) and sum(counts) == 576
+        assert isinstance(buf, RolloutReader) and buf.count() == 576 and "reward" in buf.schema.names
         # routing by group: every group lives on exactly one shard
         per_shard = buf.sql_shards("SELECT group_id, run_id FROM rollouts")
         owners = {}

@@ -4,6 +4,10 @@ One eviction is one Lance append, so one hot batch becomes one fragment, address
 ``(fragment_id << 32) | row``. Lance gives what a replay buffer needs from disk: random ``take``
 by row address with column projection (asking for ``reward`` never reads ``response_ids``),
 deletion vectors for deletes, and a pyarrow-dataset face DuckDB scans with pushdown.
+
+``WarmTier`` implements ``Tier``: a part is a Lance fragment. Random reads go by row address
+through Lance's private ``_take_rows`` (the public ``take`` wants dataset-wide row offsets, which
+shift whenever a fragment is dropped; addresses stay valid); that call sits behind ``_lance_take``.
 """
 
 from __future__ import annotations
@@ -13,14 +17,15 @@ import mmap
 import os
 import threading
 import zlib
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 import lance
 import numpy as np
 import pyarrow as pa
 
-from .errors import CorruptionError
+from ..errors import CorruptionError
+from .base import Location, Staged
 
 log = logging.getLogger("lakebuffer.warm")
 
@@ -29,15 +34,6 @@ log = logging.getLogger("lakebuffer.warm")
 #: token ids, not worth a 5x slower write-back for a local, short-lived tier).
 WARM_STORAGE_VERSION = "2.0"
 WARM_METADATA_CACHE = 16 << 20
-
-
-@dataclass(frozen=True)
-class FragmentInfo:
-    fragment_id: int
-    rows: int
-    nbytes: int
-    files: tuple[str, ...]
-    checksum: int  # crc32 of the fragment's data files, in file order
 
 
 def _crc32_file(path: Path) -> int:
@@ -49,8 +45,15 @@ def _crc32_file(path: Path) -> int:
             return zlib.crc32(m)
 
 
+def _lance_take(ds: lance.LanceDataset, addresses: np.ndarray, columns: list[str]) -> pa.Table:
+    """Rows by Lance row address (``fragment << 32 | row``): the one use of a private Lance API."""
+    return ds._take_rows(pa.array(addresses, pa.uint64()), columns=columns)
+
+
 class WarmTier:
-    """Local Lance dataset of evicted batches. Appends come from one writer at a time."""
+    """Local Lance dataset of evicted batches (implements ``Tier``). One writer at a time."""
+
+    name = "warm"
 
     def __init__(self, path: Path, schema: pa.Schema) -> None:
         self.path = Path(path)
@@ -69,11 +72,19 @@ class WarmTier:
         """The latest committed version (a consistent snapshot for readers)."""
         return self._ds
 
-    def append(self, table: pa.Table) -> tuple[FragmentInfo, lance.LanceDataset]:
-        """Write ``table`` as one new fragment and commit it.
+    @property
+    def version(self) -> int:
+        return self._ds.version if self._ds is not None else -1
 
-        Returns where it lives and the new dataset version, which readers see only once the
-        caller ``publish``es it (together with the index update), so no row is ever visible twice.
+    def arrow_source(self) -> lance.LanceDataset | pa.Table:
+        return self._ds if self._ds is not None else self.schema.empty_table()
+
+    def stage(self, table: pa.Table, part: int | None = None) -> Staged:
+        """Write ``table`` as one new fragment and commit it (``part`` is ignored: Lance numbers it).
+
+        Returns where it lives, with the new dataset version as handle, which readers see only
+        once the caller ``publish``es it (together with the index update), so no row is ever
+        visible twice. ``checksum`` is the crc32 of the fragment's data files, in file order.
         """
         table = table.cast(self.schema) if not table.schema.equals(self.schema) else table
         with self._lock:
@@ -101,29 +112,35 @@ class WarmTier:
                 checksum = zlib.crc32(_crc32_file(p).to_bytes(4, "little"), checksum)
                 nbytes += p.stat().st_size
             self._latest = ds
-            return FragmentInfo(frag.fragment_id, table.num_rows, nbytes, files, checksum), ds
+            return Staged(part=frag.fragment_id, rows=table.num_rows, nbytes=nbytes, files=files, checksum=checksum,
+                          handle=ds)
 
     def _open_latest(self) -> lance.LanceDataset:
         return lance.dataset(str(self.path), session=self._session)
 
-    def publish(self, ds: lance.LanceDataset) -> None:
-        """Make ``ds`` (from ``append``) the version readers use."""
+    def publish(self, staged: Staged) -> None:
+        """Make the dataset version of ``staged`` the one readers use."""
+        ds = staged.handle
         if self._ds is None or ds.version > self._ds.version:
             self._ds = ds
 
-    def take(self, fragment_id: int | np.ndarray, rows: np.ndarray, columns: list[str]) -> pa.Table:
+    def take(self, where: Location, columns: Sequence[str]) -> pa.Table:
         """Rows by (fragment, position), in the order given, only ``columns`` read from disk.
 
-        ``fragment_id`` is one id or one per row: rows of many fragments are read in one Lance
-        call (its I/O is scheduled together), not one call per fragment.
+        Rows of many fragments are read in one Lance call (its I/O is scheduled together), not
+        one call per fragment.
         """
+        columns = list(columns)
+        rows = where.row
+        if len(rows) == 0:
+            return self.schema.empty_table().select(columns)
         ds = self._ds
         if ds is None:
             raise CorruptionError(f"warm tier {self.path} has no dataset but the index points into it")
-        frags = np.broadcast_to(np.asarray(fragment_id, dtype=np.int64), rows.shape)
+        frags = where.part
         addresses = (frags << np.int64(32)) | rows.astype(np.int64)
         try:
-            out = ds._take_rows(pa.array(addresses, pa.uint64()), columns=columns)
+            out = _lance_take(ds, addresses, columns)
         except (OSError, ValueError, RuntimeError) as e:
             bad = self._first_unreadable(ds, np.unique(frags), columns)
             raise CorruptionError(f"cannot read warm fragment {bad} ({self._files_of(ds, bad)}): {e}") from e
@@ -135,7 +152,7 @@ class WarmTier:
         """Which fragment a failed multi-fragment read tripped on (for the error message)."""
         for f in fragment_ids.tolist():
             try:
-                ds._take_rows(pa.array([f << 32], pa.uint64()), columns=columns)
+                _lance_take(ds, np.array([f << 32], np.int64), columns)
                 ds.get_fragment(f).to_table(columns=columns)
             except Exception:  # noqa: BLE001 - this is the broken one
                 return int(f)
@@ -147,7 +164,7 @@ class WarmTier:
         except Exception:  # noqa: BLE001 - only for the error message
             return f"{self.path}/data/?"
 
-    def delete_keys(self, keys: list[str]) -> None:
+    def delete(self, keys: Sequence[str]) -> None:
         """Mark rows deleted (Lance deletion vectors); row addresses of other rows stay valid."""
         if not keys or self._ds is None:
             return

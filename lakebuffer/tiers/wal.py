@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from .errors import CorruptionError
+from ..errors import CorruptionError
 
 
 class WriteAheadLog:

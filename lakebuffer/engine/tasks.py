@@ -18,7 +18,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import WorkerError
+from ..errors import WorkerError
 
 log = logging.getLogger("lakebuffer.tasks")
 

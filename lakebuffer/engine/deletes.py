@@ -1,0 +1,82 @@
+"""Deletes across every store that holds a row: index, hot tier + WAL, warm tier, catalog, lake.
+
+Rows the lake already holds get a tombstone in the index; the next snapshot carries it, so the
+lake hides them too. Write-back is paused and drained first, so no batch moves between tiers
+while its rows are being removed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..catalog import check_predicate
+from ..schema import key_list
+from .budget import Budget
+from .state import BufferState
+from .writeback import WriteBack
+
+
+def delete(s: BufferState, budget: Budget, writeback: WriteBack, keys: Sequence[str] | pa.Array | None,
+           where: str | None) -> int:
+    """Delete by key and/or predicate; how many rows were deleted."""
+    if keys is None and where is None:
+        raise ValueError("delete needs keys=..., where=... or both (to delete everything, where='TRUE')")
+    writeback.pause()
+    try:
+        s.tasks.drain()
+        s.tasks.check()
+        with budget.space:
+            return _delete_locked(s, keys, where)
+    finally:
+        writeback.resume()
+
+
+def _matching(s: BufferState, keys: Sequence[str] | pa.Array | None, where: str | None) -> list[str]:
+    wanted: list[str] = []
+    if keys is not None:
+        wanted = key_list(keys)
+    if where is not None:
+        source = s.catalog.source_for(where)
+        t = s.catalog.query(s.catalog.render("select_keys", source=source, where=check_predicate(where)))
+        matched = t.column("key").to_pylist()
+        wanted = matched if keys is None else sorted(set(wanted) & set(matched))
+    return wanted
+
+
+def _delete_locked(s: BufferState, keys, where) -> int:
+    wanted = _matching(s, keys, where)
+    if not wanted:
+        return 0
+    batch, _pos, found = s.index.lookup(wanted)
+    gone = [k for k, f in zip(wanted, found) if f]
+    warm_gone: list[str] = []
+    for bid in np.unique(batch[found]).tolist():
+        removed = [wanted[i] for i in np.flatnonzero(found & (batch == bid))]
+        info = s.batches[bid]
+        meta = s.index.batch_meta(bid)
+        new_meta = meta.filter(pc.invert(pc.is_in(meta.column("key"), pa.array(removed))))
+        info.rows = new_meta.num_rows
+        positions: dict[str, int] = {}
+        if bid in s.hot:
+            s.hot.delete(removed, parts=[bid])
+            kept = s.hot.get(bid, touch=False)
+            if kept is not None:
+                positions = dict(zip(kept.table.column("key").to_pylist(), range(kept.table.num_rows)))
+                if s.durability == "wal":
+                    s.wal.write(bid, kept.table)
+            else:
+                s.wal.remove(bid)
+        else:
+            warm_gone.extend(removed)
+        if info.snapshot is not None:
+            s.index.add_tombstones(removed)  # the lake holds them: the next snapshot hides them
+        s.index.rewrite_batch(info, removed, positions, new_meta)
+        if info.rows == 0:
+            s.batches.pop(bid)
+    s.warm.delete(warm_gone)
+    s.catalog.delete_meta(pa.array(gone, pa.string()))
+    return len(gone)

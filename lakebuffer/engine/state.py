@@ -1,0 +1,46 @@
+"""The parts of one open buffer that the engine modules share, and the lock that orders them.
+
+One lock (``lock``) covers the index's batch records, the hot tier and the warm version readers
+see, so they change together: no reader ever sees a row twice or not at all. Engine modules take
+this object instead of reaching into the facade.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from ..catalog import Catalog
+from ..index import BatchInfo, KeyIndex
+from ..tiers import HotTier, WarmTier, WriteAheadLog
+from .tasks import TaskQueue
+
+
+@dataclass
+class BufferState:
+    path: Path
+    run_id: str
+    schema: pa.Schema
+    meta_columns: list[str]
+    durability: str
+    index: KeyIndex
+    hot: HotTier
+    warm: WarmTier
+    wal: WriteAheadLog
+    catalog: Catalog
+    tasks: TaskQueue
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    batches: dict[int, BatchInfo] = field(default_factory=dict)
+
+    def meta_of(self, batch_id: int, table: pa.Table) -> pa.Table:
+        """The catalog rows of a batch: its metadata columns plus ``_batch``."""
+        return with_batch(table.select(self.meta_columns), batch_id)
+
+
+def with_batch(meta: pa.Table, batch_id: int) -> pa.Table:
+    """``meta`` with the ``_batch`` column the catalog keeps per row."""
+    return meta.append_column("_batch", pa.array(np.full(meta.num_rows, batch_id, dtype=np.int64)))

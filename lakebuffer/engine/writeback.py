@@ -1,0 +1,159 @@
+"""Write-back (hot -> warm), eviction scheduling, and THE one install-fragment path.
+
+``FragmentInstaller.install`` is the only code that puts a new warm fragment into service:
+reserve a batch id, stage the rows in the warm tier, describe them (``BatchInfo``), record keys,
+location and metadata in the index in one write, then publish the fragment. Push of an oversized
+batch, restore from the lake and fsck's rebuild all go through it; the index write always comes
+before the publish, so a crash in between leaves an unpublished fragment recovery drops, never
+a visible row the index does not know.
+
+Write-back moves existing hot batches instead (they already have index entries): one fragment per
+group of batches, then the index, the warm version and the hot tier change in one step under the
+engine's lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import pyarrow as pa
+
+from ..index import BatchInfo, KeyIndex
+from ..tiers import Staged, WarmTier, table_bytes
+from .budget import EVICT_HIGH, EVICT_LOW, Budget
+from .state import BufferState, with_batch
+from .tasks import P1
+
+FRAGMENT_BYTES = 8 << 20  # small evicted batches are coalesced into fragments of about this size
+
+#: ``publish(staged, info, meta)``: make an installed fragment visible (``meta`` has ``_batch``)
+Publish = Callable[[Staged, BatchInfo, pa.Table], None]
+
+
+class FragmentInstaller:
+    """Install tables as new warm fragments (see the module docstring)."""
+
+    def __init__(self, index: KeyIndex, warm: WarmTier, meta_columns: Sequence[str],
+                 publish: Publish | None = None) -> None:
+        self.index = index
+        self.warm = warm
+        self.meta_columns = list(meta_columns)
+        self._publish = publish or (lambda staged, info, meta: warm.publish(staged))
+
+    def install(self, table: pa.Table, *, snapshot: int | None = None, batch_id: int | None = None,
+                meta: pa.Table | None = None) -> BatchInfo:
+        """Store ``table`` as one fragment under a new batch id (or ``batch_id``, to rebuild one).
+
+        ``meta`` overrides the metadata recorded (fsck keeps the index's own: its replay counts
+        are kept apart from the pushed ``sample_count``).
+        """
+        bid = self.index.reserve_batch() if batch_id is None else batch_id
+        staged = self.warm.stage(table)
+        info = BatchInfo(batch_id=bid, tier="warm", rows=table.num_rows, fragment=staged.part,
+                         files=list(staged.files), checksum=staged.checksum, nbytes=staged.nbytes, snapshot=snapshot)
+        meta = table.select(self.meta_columns) if meta is None else meta
+        self.index.record_batch(info, table.column("key").to_pylist(), meta)
+        self._publish(staged, info, with_batch(meta, bid))
+        return info
+
+
+class WriteBack:
+    """Decides when hot batches leave RAM and writes them to the warm tier (p1 tasks)."""
+
+    def __init__(self, state: BufferState, budget: Budget) -> None:
+        self.s = state
+        self.budget = budget
+        self._paused = 0
+        self.installer = FragmentInstaller(state.index, state.warm, state.meta_columns, self._publish_installed)
+
+    def _publish_installed(self, staged: Staged, info: BatchInfo, meta: pa.Table) -> None:
+        with self.s.lock:
+            self.s.warm.publish(staged)
+            self.s.batches[info.batch_id] = info
+            self.s.catalog.insert_meta(meta)
+
+    # scheduling --------------------------------------------------------------------------
+    def pause(self) -> None:
+        """No new write-backs are scheduled until ``resume`` (deletes rewrite hot batches)."""
+        with self.s.lock:
+            self._paused += 1
+
+    def resume(self) -> None:
+        with self.s.lock:
+            self._paused -= 1
+
+    def evict_past_high_mark(self) -> None:
+        """Start write-back once resident hot bytes pass the high mark."""
+        with self.s.lock:
+            if self.s.hot.resident_bytes() > self.budget.hot_limit() * EVICT_HIGH:
+                self.schedule()
+
+    def schedule(self, extra: int = 0) -> None:
+        """Hand least recently used batches to write-back (p1), in fragment-sized groups."""
+        with self.s.lock:
+            if self._paused:
+                return
+            target = int(self.budget.hot_limit() * EVICT_LOW) - extra - self.budget.reserved
+            victims = self.s.hot.choose_victims(max(target, 0))
+            group: list[int] = []
+            size = 0
+            for v in victims:
+                group.append(v.batch_id)
+                size += v.nbytes
+                if size >= FRAGMENT_BYTES:
+                    self._submit(group)
+                    group, size = [], 0
+            if group:
+                self._submit(group)
+
+    def _submit(self, group: list[int]) -> None:
+        ids = list(group)
+        self.s.tasks.submit(P1, lambda: self.write_back(ids), name=f"write-back {ids[0]}..{ids[-1]}")
+
+    def evict_to_low_mark(self) -> None:
+        """Synchronously write back until the hot tier is under the low mark (recovery)."""
+        low = int(self.budget.hot_limit() * EVICT_LOW)
+        while self.s.hot.nbytes > low:
+            victims = self.s.hot.choose_victims(low)
+            if not victims:
+                break
+            self.write_back([v.batch_id for v in victims])
+
+    def evict_all(self) -> None:
+        """Write every hot batch now, 64 batches per fragment."""
+        with self.s.lock:
+            victims = self.s.hot.choose_victims(0)
+        for i in range(0, len(victims), 64):
+            self.write_back([v.batch_id for v in victims[i : i + 64]])
+
+    # the write-back ------------------------------------------------------------------------
+    def write_back(self, batch_ids: list[int]) -> None:
+        """Write hot batches to one warm fragment, then move them there in one step."""
+        s = self.s
+        with s.lock:
+            tables = [s.hot.get(b, touch=False).table for b in batch_ids]
+            # Lance's pages and write buffers are RAM the budget must cover too
+            held = self.budget.hold_encoding(sum(table_bytes(t) for t in tables))
+        try:
+            staged = s.warm.stage(pa.concat_tables(tables) if len(tables) > 1 else tables[0])
+        except BaseException:
+            with s.lock:
+                s.hot.release_victims(batch_ids)
+                self.budget.drop_encoding(held)
+            raise
+        with self.budget.space:
+            self.budget.encoding -= held
+            infos = []
+            offset = 0
+            for b, t in zip(batch_ids, tables):
+                info = s.batches[b]
+                info.tier, info.fragment, info.offset = "warm", staged.part, offset
+                info.files, info.checksum, info.nbytes = list(staged.files), staged.checksum, staged.nbytes
+                infos.append(info)
+                offset += t.num_rows
+            s.index.set_batches(infos)
+            s.warm.publish(staged)
+            for b in batch_ids:
+                s.hot.remove(b)
+                s.wal.remove(b)
+            self.budget.space.notify_all()

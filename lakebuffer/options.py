@@ -1,0 +1,51 @@
+"""The options of ``ReplayBuffer.open``, as one frozen value validated in one place.
+
+A frozen dataclass rather than loose keyword arguments: the engine parts receive one object that
+cannot change under them, and every check (durability, positive budget, ...) happens before any
+file is touched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import pyarrow as pa
+
+DURABILITY = ("wal", "memory")
+
+
+@dataclass(frozen=True)
+class BufferOptions:
+    """See ``ReplayBuffer.open`` for what each option means."""
+
+    lake: str | None = None
+    memory_limit_mb: float = 1024
+    snapshot_interval_s: float | None = 180
+    storage_options: dict | None = None
+    schema: pa.Schema | None = None
+    run_id: str | None = None
+    durability: str = "wal"
+    sync: bool = False
+    push_timeout_s: float = 60.0
+    key_prefix: str | None = None
+    duckdb_threads: int | None = None
+    progress: Any = None
+
+    def __post_init__(self) -> None:
+        if self.durability not in DURABILITY:
+            raise ValueError(f"durability must be one of {DURABILITY}, not {self.durability!r}")
+        if self.memory_limit_mb <= 0:
+            raise ValueError("memory_limit_mb must be positive")
+
+    @property
+    def memory_limit_bytes(self) -> int:
+        return int(self.memory_limit_mb * 2**20)
+
+    @property
+    def periodic_snapshots(self) -> bool:
+        return bool(self.snapshot_interval_s and self.snapshot_interval_s > 0)
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]

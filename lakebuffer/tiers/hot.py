@@ -1,0 +1,162 @@
+"""The hot tier: Arrow tables in RAM, least recently used first out.
+
+A batch stays readable here until the warm tier has it on disk ("evicting" state), so a row is
+always in exactly one place a reader can find, and the budget counts evicting bytes too. Parts
+are the engine's batch ids (the hot tier has no ids of its own). Not thread-safe by itself: the
+engine holds its lock, and owns the byte budget (``lakebuffer.engine.budget``), whose hot share
+shrinks as the metadata catalog grows.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .base import Location, Staged
+
+
+def table_bytes(table: pa.Table) -> int:
+    """Bytes of the Arrow buffers a table holds (what the budget is measured in)."""
+    return table.get_total_buffer_size()
+
+
+@dataclass
+class HotBatch:
+    batch_id: int
+    table: pa.Table
+    nbytes: int
+    evicting: bool = False
+
+
+class HotTier:
+    """LRU-ordered batches of Arrow rows (implements ``Tier``)."""
+
+    name = "hot"
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self._batches: OrderedDict[int, HotBatch] = OrderedDict()
+        self.nbytes = 0
+        self._version = 0  # bumped on every change, so the catalog knows when to re-register
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def __contains__(self, batch_id: int) -> bool:
+        return batch_id in self._batches
+
+    def __len__(self) -> int:
+        return len(self._batches)
+
+    @property
+    def rows(self) -> int:
+        return sum(b.table.num_rows for b in self._batches.values())
+
+    # Tier ----------------------------------------------------------------------------------
+    def stage(self, table: pa.Table, part: int | None = None) -> Staged:
+        """Hold ``table`` aside as batch ``part`` (RAM needs no writing: publishing is all)."""
+        if part is None:
+            raise ValueError("the hot tier stores batches under the caller's batch id: pass part=")
+        return Staged(part=part, rows=table.num_rows, nbytes=table_bytes(table), handle=table)
+
+    def publish(self, staged: Staged) -> None:
+        self.add(staged.part, staged.handle)
+
+    def take(self, where: Location, columns: Sequence[str]) -> pa.Table:
+        """Rows by (batch, position) in the order given; one ``take`` per batch involved."""
+        columns = list(columns)
+        if len(where) == 0:
+            return self.schema.empty_table().select(columns)
+        sort = np.argsort(where.part, kind="stable")
+        bounds = np.flatnonzero(np.diff(where.part[sort])) + 1
+        parts = []
+        for idx in np.split(sort, bounds):
+            b = self._batches.get(int(where.part[idx[0]]))
+            if b is None:
+                raise KeyError(f"hot batch {int(where.part[idx[0]])} is not in RAM")
+            parts.append(b.table.select(columns).take(pa.array(where.row[idx])))
+        out = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        return out.take(pa.array(np.argsort(sort, kind="stable")))
+
+    def delete(self, keys: Sequence[str], parts: Sequence[int] | None = None) -> None:
+        """Filter rows with these keys out of ``parts`` (all batches if None); empty batches go."""
+        gone = pa.array(list(keys), pa.string())
+        for bid in list(parts) if parts is not None else list(self._batches):
+            b = self._batches.get(bid)
+            if b is None:
+                continue
+            kept = b.table.filter(pc.invert(pc.is_in(b.table.column("key"), gone)))
+            if kept.num_rows == b.table.num_rows:
+                continue
+            if kept.num_rows:
+                self.replace(bid, kept)
+            else:
+                self.remove(bid)
+
+    def arrow_source(self) -> pa.Table:
+        tables = self.tables()
+        return pa.concat_tables(tables) if tables else self.schema.empty_table()
+
+    def stats(self) -> dict[str, int]:
+        return {"rows": self.rows, "bytes": self.nbytes, "batches": len(self._batches)}
+
+    # batches -------------------------------------------------------------------------------
+    def add(self, batch_id: int, table: pa.Table) -> None:
+        nbytes = table_bytes(table)
+        self._batches[batch_id] = HotBatch(batch_id, table, nbytes)
+        self.nbytes += nbytes
+        self._version += 1
+
+    def get(self, batch_id: int, touch: bool = True) -> HotBatch | None:
+        b = self._batches.get(batch_id)
+        if b is not None and touch:
+            self._batches.move_to_end(batch_id)
+        return b
+
+    def replace(self, batch_id: int, table: pa.Table) -> None:
+        """Swap a batch's table (after a delete filtered it)."""
+        b = self._batches[batch_id]
+        self.nbytes -= b.nbytes
+        b.table, b.nbytes = table, table_bytes(table)
+        self.nbytes += b.nbytes
+        self._version += 1
+
+    def remove(self, batch_id: int) -> HotBatch:
+        b = self._batches.pop(batch_id)
+        self.nbytes -= b.nbytes
+        self._version += 1
+        return b
+
+    def resident_bytes(self) -> int:
+        """Bytes not yet handed to write-back."""
+        return sum(b.nbytes for b in self._batches.values() if not b.evicting)
+
+    def choose_victims(self, target_resident: int) -> list[HotBatch]:
+        """Mark least recently used batches as evicting until resident bytes <= target."""
+        resident = self.resident_bytes()
+        victims = []
+        for b in self._batches.values():
+            if resident <= target_resident:
+                break
+            if b.evicting:
+                continue
+            b.evicting = True
+            resident -= b.nbytes
+            victims.append(b)
+        return victims
+
+    def release_victims(self, batch_ids: Sequence[int]) -> None:
+        """A write-back failed: these batches are plain resident batches again."""
+        for bid in batch_ids:
+            b = self._batches.get(bid)
+            if b is not None:
+                b.evicting = False
+
+    def tables(self) -> list[pa.Table]:
+        return [b.table for b in self._batches.values()]
