@@ -242,11 +242,6 @@ class ReplayBuffer:
             return keys
         return self.get(keys, columns)
 
-    def _catalog_for_sampling(self) -> Catalog:
-        """The synced catalog (tests drive a sampler directly with it)."""
-        self._catalog.sync()
-        return self._catalog
-
     def scan(
         self, where: str | None = None, columns: Sequence[str] | None = None, batch_size: int = 4096
     ) -> Iterator[pa.RecordBatch]:

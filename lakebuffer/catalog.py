@@ -334,8 +334,10 @@ class Catalog:
         return render_sql(name, **fields)
 
     def count(self, where: str | None, source: str | None = None) -> int:
-        source = source or self.source_for(where)
-        t = self.query(self.render("count_where", source=source, where=check_predicate(where)))
+        """Rows matching a user's ``where`` (the strict predicate check: no subqueries or statements)."""
+        pred = predicate.check(where)
+        source = source or self.source_for(pred)
+        t = self.query(self.render("count_where", source=source, where=pred))
         return int(t.column(0)[0].as_py())
 
     def close(self) -> None:

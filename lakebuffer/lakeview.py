@@ -14,8 +14,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset  # noqa: F401 - pa.dataset in annotations
 
+from . import predicate
 from . import samplers as _samplers
-from .catalog import Catalog, check_predicate, stream
+from .catalog import Catalog, stream
 from .errors import ClosedError, KeyNotFoundError, ReadOnlyError
 from .lake import Lake
 from .resources import render_sql
@@ -94,7 +95,7 @@ class LakeView:
     def scan(self, where: str | None = None, columns: Sequence[str] | None = None, batch_size: int = 4096) -> Iterator[pa.RecordBatch]:
         """Stream matching rows as record batches (a private DuckDB connection; bounded memory)."""
         self._check()
-        pred = check_predicate(where)
+        pred = predicate.check(where)
         cols = list(columns) if columns is not None else list(self.schema.names)
         sql = render_sql("lake_scan", columns=", ".join(f'"{c}"' for c in cols), where=pred)
         view = render_sql("lake_view", view="rollouts", source="__lakeview_rollouts")

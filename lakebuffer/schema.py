@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -244,3 +245,42 @@ def _fill_default(name, col, n, *, run_id, now, keys, filled, type_):
     if col is None:
         return fill
     return pc.coalesce(col, fill)
+
+
+def cast_to(table: pa.Table | pa.RecordBatch, schema: pa.Schema) -> pa.Table:
+    """``table`` with exactly the columns of ``schema``: reordered, cast, missing ones as nulls.
+
+    The lake's half of conforming: its files may predate a column or store a narrower type. A push
+    goes through :func:`conform` instead, which also validates and fills defaults."""
+    n = table.num_rows
+    cols = []
+    for f in schema:
+        idx = table.schema.get_field_index(f.name)
+        if idx < 0:
+            cols.append(pa.nulls(n, f.type))
+            continue
+        col = table.column(idx)
+        if not col.type.equals(f.type):
+            col = col.cast(f.type)
+        cols.append(col)
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
+def unique_keys(parts: Sequence[pa.Array | pa.ChunkedArray]) -> pa.Array:
+    """The distinct non-null keys of several arrays, as one string array."""
+    parts = [p.combine_chunks() if isinstance(p, pa.ChunkedArray) else p for p in parts if len(p)]
+    if not parts:
+        return pa.array([], pa.string())
+    arr = pa.concat_arrays([p.cast(pa.string()) for p in parts]) if len(parts) > 1 else parts[0].cast(pa.string())
+    return pc.unique(arr.drop_null())
+
+
+def key_array(keys: Sequence[str] | pa.Array | pa.ChunkedArray | None) -> pa.Array:
+    """Keys given as a sequence or an Arrow array, as one array of distinct strings (None: none)."""
+    if keys is None:
+        return pa.array([], pa.string())
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks()
+    if not isinstance(keys, pa.Array):
+        keys = pa.array(list(keys), pa.string())
+    return unique_keys([keys])

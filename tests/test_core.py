@@ -210,6 +210,11 @@ def test_index_agrees_with_data_after_deletes(tmp_path):
         n_v3 = buf.sql("SELECT count(*) FROM rollouts WHERE policy_version = 3").column(0)[0].as_py()
         assert buf.delete(where="policy_version = 3") == n_v3 == 64
         assert buf.delete(where="policy_version = 3") == 0
+        before = len(buf)
+        for bad in ("key IN (SELECT key FROM meta)", "TRUE; DELETE FROM meta", "key IN (SELECT * FROM read_csv('x'))"):
+            with pytest.raises(lb.QueryError):  # a delete's where is a predicate: no subqueries, no statements
+                buf.delete(where=bad)
+        assert len(buf) == before
         live = set(buf.sql("SELECT key FROM rollouts").column("key").to_pylist())
         assert len(live) == 512 - 74
         assert live.isdisjoint(keys[:10])

@@ -233,7 +233,7 @@ def test_uniform_is_the_same_as_the_plain_top_n(buf):
     """The threshold scan is an optimisation only: the answer is the n smallest seeded hashes."""
     rng = np.random.default_rng(11)
     seed = Sampler.seed_from(np.random.default_rng(11))
-    got = lb.samplers.get("uniform").sample(buf._catalog_for_sampling(), 25, "reward > 0.3", rng).to_pylist()
+    got = lb.samplers.get("uniform").sample(buf._catalog, 25, "reward > 0.3", rng).to_pylist()
     ref = buf.sql(f"SELECT key FROM meta WHERE reward > 0.3 ORDER BY hash(xor(hash(key), {seed}::UBIGINT)), key LIMIT 25")
     assert got == ref.column("key").to_pylist()
 

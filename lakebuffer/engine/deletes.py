@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..catalog import check_predicate
+from .. import predicate
 from ..schema import key_list
 from .budget import Budget
 from .state import BufferState
@@ -41,7 +41,7 @@ def _matching(s: BufferState, keys: Sequence[str] | pa.Array | None, where: str 
         wanted = key_list(keys)
     if where is not None:
         source = s.catalog.source_for(where)
-        t = s.catalog.query(s.catalog.render("select_keys", source=source, where=check_predicate(where)))
+        t = s.catalog.query(s.catalog.render("select_keys", source=source, where=predicate.check(where)))
         matched = t.column("key").to_pylist()
         wanted = matched if keys is None else sorted(set(wanted) & set(matched))
     return wanted

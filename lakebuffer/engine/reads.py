@@ -12,7 +12,8 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
-from ..catalog import check_predicate, stream
+from .. import predicate
+from ..catalog import stream
 from ..errors import KeyNotFoundError
 from ..schema import key_list, projection
 from ..tiers import Location
@@ -77,7 +78,7 @@ def read_batch(s: BufferState, bid: int) -> pa.Table | None:
 
 def scan(s: BufferState, where: str | None, columns: Sequence[str] | None, batch_size: int) -> Iterator[pa.RecordBatch]:
     """Stream matching rows from a snapshot of hot + warm taken when iteration starts."""
-    pred = check_predicate(where)
+    pred = predicate.check(where)
     cols = list(columns) if columns is not None else list(s.schema.names)
     with s.lock:
         tables = {f"{t.name}_data": t.arrow_source() for t in (s.hot, s.warm)}

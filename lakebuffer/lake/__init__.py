@@ -49,7 +49,8 @@ Package layout (one job per module; ``ColdStore`` below is the interface the res
 * ``s3``          the only adapter around s3fs internals (multipart writer, raw S3 calls).
 * ``options``     ``LakeOptions``: frozen tuning (sizes, threads, read behaviour).
 * ``layout``      path names, file-name patterns, run-id encoding.
-* ``rows``        Arrow helpers (schema b64, conform, key sets, input batches).
+* ``rows``        Arrow helpers (schema b64, column juggling, input batches; ``lakebuffer.schema`` owns
+                  conforming and key arrays).
 * ``manifest``    settings file and the manifest log (list, cache, commit with rebase).
 * ``tombstones``  delete files: write, read and cache their keys.
 * ``writer``      streaming Parquet writer of a snapshot (lanes, checksums, background upload).

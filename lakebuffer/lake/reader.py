@@ -21,9 +21,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import CorruptionError
+from ..schema import cast_to
 from .fs import LakeFS
 from .options import LakeOptions
-from .rows import conform
 
 
 def check_bytes(entry: dict, data: bytes) -> str | None:
@@ -229,7 +229,7 @@ def copy_rows(
         if len(hidden) and "key" in t.column_names:
             t = t.filter(pc.invert(pc.is_in(t.column("key"), value_set=hidden)))
         if t.num_rows:
-            for b in conform(t, schema).to_batches():
+            for b in cast_to(t, schema).to_batches():
                 writer.add(b)
         if progress is not None:
             progress(int(entry["bytes"]) // max(pf.metadata.num_row_groups, 1))

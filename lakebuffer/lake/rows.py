@@ -1,4 +1,5 @@
-"""Arrow helpers of the lake: schema (de)serialisation, column juggling, key sets, input batches.
+"""Arrow helpers of the lake: schema (de)serialisation, column juggling, input batches (conforming
+and key arrays are ``lakebuffer.schema``'s, one copy for the whole package).
 
 Vectorised Arrow/NumPy only (no per-row Python): they sit on the snapshot and restore paths.
 """
@@ -6,12 +7,11 @@ Vectorised Arrow/NumPy only (no per-row Python): they sit on the snapshot and re
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from .layout import PARTITION_FIELDS
 
@@ -37,22 +37,6 @@ def with_run_id(schema: pa.Schema) -> pa.Schema:
     return schema.insert(pos, PARTITION_FIELDS[0])
 
 
-def conform(table: pa.Table | pa.RecordBatch, schema: pa.Schema) -> pa.Table:
-    """``table`` with exactly the columns of ``schema``: reordered, cast, missing ones as nulls."""
-    n = table.num_rows
-    cols = []
-    for f in schema:
-        idx = table.schema.get_field_index(f.name)
-        if idx < 0:
-            cols.append(pa.nulls(n, f.type))
-            continue
-        col = table.column(idx)
-        if not col.type.equals(f.type):
-            col = col.cast(f.type)
-        cols.append(col)
-    return pa.Table.from_arrays(cols, schema=schema)
-
-
 def floor_buckets(pv: pa.Array | pa.ChunkedArray, size: int) -> np.ndarray:
     arr = pv.to_numpy()
     return np.floor_divide(arr, size) if size != 1 else arr
@@ -61,24 +45,6 @@ def floor_buckets(pv: pa.Array | pa.ChunkedArray, size: int) -> np.ndarray:
 def without_columns(batch: pa.RecordBatch | pa.Table, names: Iterable[str]) -> pa.RecordBatch | pa.Table:
     drop = [n for n in names if n in batch.schema.names]
     return batch.drop_columns(drop) if drop else batch
-
-
-def unique_strings(parts: Sequence[pa.Array | pa.ChunkedArray]) -> pa.Array:
-    parts = [p.combine_chunks() if isinstance(p, pa.ChunkedArray) else p for p in parts if len(p)]
-    if not parts:
-        return pa.array([], pa.string())
-    arr = pa.concat_arrays([p.cast(pa.string()) for p in parts]) if len(parts) > 1 else parts[0].cast(pa.string())
-    return pc.unique(arr.drop_null())
-
-
-def as_key_array(keys: Sequence[str] | pa.Array | pa.ChunkedArray | None) -> pa.Array:
-    if keys is None:
-        return pa.array([], pa.string())
-    if isinstance(keys, pa.ChunkedArray):
-        keys = keys.combine_chunks()
-    if not isinstance(keys, pa.Array):
-        keys = pa.array(list(keys), pa.string())
-    return unique_strings([keys])
 
 
 def iter_input(batches: Any) -> Iterator[pa.RecordBatch]:

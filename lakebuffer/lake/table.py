@@ -19,23 +19,14 @@ import pyarrow.dataset as ds
 from ..errors import LakeBufferError, LakeError, ReadOnlyError, SchemaError
 from ..predicate import partition_hint
 from ..resources import render_sql
-from ..schema import PARTITIONING, ROLLOUT_SCHEMA
+from ..schema import PARTITIONING, ROLLOUT_SCHEMA, cast_to, key_array, unique_keys
 from . import maintenance
 from .fs import LakeFS
 from .layout import PARTITION_FIELDS, MiB, check_run_id
 from .manifest import ManifestLog, ensure_settings, read_settings
 from .options import LakeOptions
 from .reader import BlockReader, copy_rows, files_with_keys
-from .rows import (
-    as_key_array,
-    conform,
-    iter_input,
-    schema_from_b64,
-    unique_strings,
-    with_run_id,
-    without,
-    without_columns,
-)
+from .rows import iter_input, schema_from_b64, with_run_id, without, without_columns
 from .tombstones import Tombstones
 from .writer import Writer
 
@@ -190,7 +181,7 @@ class Lake:
 
     def deleted_keys(self, run_id: str | None = None, *, snapshot_id: int | None = None) -> pa.Array:
         """The tombstoned keys (string array, unique) of one run or of all runs."""
-        return unique_strings([self.tombstones.of(m) for m in self.log.select(run_id, snapshot_id).values()])
+        return unique_keys([self.tombstones.of(m) for m in self.log.select(run_id, snapshot_id).values()])
 
     def schema(self, run_id: str | None = None) -> pa.Schema:
         """Row schema of the lake (unified over runs), with the ``run_id`` and ``policy_bucket`` columns."""
@@ -373,9 +364,9 @@ class Lake:
         parent = self.log.latest(run_id)
         self._ensure_settings()
         sid = (parent["snapshot_id"] if parent else 0) + 1
-        dkeys = as_key_array(deleted_keys)
+        dkeys = key_array(deleted_keys)
         tomb = self.tombstones.of(parent)
-        watch = unique_strings([tomb, dkeys])
+        watch = unique_keys([tomb, dkeys])
         hits: list[pa.Array] = []
         writer: Writer | None = None
         rewriter: Writer | None = None
@@ -420,7 +411,7 @@ class Lake:
                             f"batches of one snapshot must have the same columns: {batch.schema.names} vs {file_schema.names}"
                         )
                     try:
-                        batch = conform(batch, file_schema)
+                        batch = cast_to(batch, file_schema)
                     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
                         raise SchemaError(f"batch does not fit the snapshot schema: {e}") from e
                 if len(watch) and "key" in file_schema.names:
@@ -433,7 +424,7 @@ class Lake:
             nrows = sum(int(e["rows"]) for e in entries)
             if nrows == 0 and len(dkeys) == 0 and not force:
                 return None
-            resurrected = unique_strings(hits)
+            resurrected = unique_keys(hits)
             remove_files: set[str] = set()
             remove_deletes: set[str] = set()
             rewritten: list[dict] = []

@@ -13,10 +13,10 @@ import threading
 import pyarrow as pa
 
 from ..errors import CorruptionError
+from ..schema import unique_keys
 from .fs import LakeFS
 from .layout import delete_rel
 from .reader import fetch
-from .rows import unique_strings
 
 
 class Tombstones:
@@ -48,7 +48,7 @@ class Tombstones:
         """The tombstone set of a manifest: unique keys over its live delete files."""
         if not manifest or not manifest.get("delete_files"):
             return pa.array([], pa.string())
-        return unique_strings([self.keys_of(d) for d in manifest["delete_files"]])
+        return unique_keys([self.keys_of(d) for d in manifest["delete_files"]])
 
     def write(self, run_id: str, snapshot_id: int, keys: pa.Array) -> dict:
         """Write a delete file holding ``keys``; return its manifest entry."""

@@ -178,6 +178,21 @@ class ReaderSuite:
             with pytest.raises(lb.QueryError):
                 next(iter(reader.scan(where=where)))
 
+    @pytest.mark.parametrize("where", [
+        "key IN (SELECT key FROM read_parquet('/etc/passwd'))",  # a predicate reads only the rows it is given
+        "reward > (SELECT max(reward) FROM meta)",  # no subqueries at all in a user's where
+        "reward > 0) UNION ALL (SELECT 1",
+        "COPY meta TO '/tmp/x.csv'",
+    ])
+    def test_a_where_cannot_read_files_or_run_statements(self, reader, where):
+        with pytest.raises(lb.QueryError):
+            reader.sample(5, where=where)
+        with pytest.raises(lb.QueryError):
+            reader.count(where)
+        if hasattr(reader, "scan"):
+            with pytest.raises(lb.QueryError):
+                next(iter(reader.scan(where=where)))
+
     def test_read_only_readers_refuse_writes(self, reader):
         if self.kind not in READ_ONLY:
             pytest.skip("a writable reader")
