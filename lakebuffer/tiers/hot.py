@@ -69,20 +69,21 @@ class HotTier:
         self.add(staged.part, staged.handle)
 
     def take(self, where: Location, columns: Sequence[str]) -> pa.Table:
-        """Rows by (batch, position) in the order given; one ``take`` per batch involved."""
+        """Rows by (batch, position) in the order given, in one ``take``: the batches involved are
+        chained zero-copy (one chunk each) and indexed by their offset in the chain plus the row."""
         columns = list(columns)
         if len(where) == 0:
             return self.schema.empty_table().select(columns)
-        sort = np.argsort(where.part, kind="stable")
-        bounds = np.flatnonzero(np.diff(where.part[sort])) + 1
-        parts = []
-        for idx in np.split(sort, bounds):
-            b = self._batches.get(int(where.part[idx[0]]))
+        ids, inverse = np.unique(where.part, return_inverse=True)
+        tables = []
+        for bid in ids.tolist():
+            b = self._batches.get(bid)
             if b is None:
-                raise KeyError(f"hot batch {int(where.part[idx[0]])} is not in RAM")
-            parts.append(b.table.select(columns).take(pa.array(where.row[idx])))
-        out = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-        return out.take(pa.array(np.argsort(sort, kind="stable")))
+                raise KeyError(f"hot batch {bid} is not in RAM")
+            tables.append(b.table.select(columns))
+        starts = np.cumsum([0] + [t.num_rows for t in tables[:-1]], dtype=np.int64)
+        chain = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        return chain.take(pa.array(starts[inverse] + where.row))
 
     def delete(self, keys: Sequence[str], parts: Sequence[int] | None = None) -> None:
         """Filter rows with these keys out of ``parts`` (all batches if None); empty batches go."""
