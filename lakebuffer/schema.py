@@ -22,28 +22,21 @@ from .resources import resource_dir
 
 SCHEMA_FILE = resource_dir("schemas") / "rollout.json"
 
-_SCALARS: dict[str, pa.DataType] = {
-    "string": pa.string(),
-    "int64": pa.int64(),
-    "int32": pa.int32(),
-    "float32": pa.float32(),
-    "float64": pa.float64(),
-    "bool": pa.bool_(),
-}
-
-
 def parse_type(text: str) -> pa.DataType:
-    """Parse the small type language of the schema file (``list<int32>``, ``timestamp[us, UTC]``)."""
+    """Parse the type language of the schema file: pyarrow's own aliases (``int32``, ``string``,
+    ``timestamp[us]``, ... via ``pa.type_for_alias``) plus ``list<T>`` and ``timestamp[unit, tz]``,
+    which pyarrow has no alias for."""
     text = text.strip()
-    if text in _SCALARS:
-        return _SCALARS[text]
     m = re.fullmatch(r"list<(.+)>", text)
     if m:
         return pa.list_(parse_type(m.group(1)))
-    m = re.fullmatch(r"timestamp\[(\w+)(?:,\s*(\S+))?\]", text)
+    m = re.fullmatch(r"timestamp\[(\w+),\s*(\S+)\]", text)
     if m:
         return pa.timestamp(m.group(1), tz=m.group(2))
-    raise ValueError(f"unknown type in schema file: {text!r}")
+    try:
+        return pa.type_for_alias(text)
+    except ValueError:
+        raise ValueError(f"unknown type in schema file: {text!r}") from None
 
 
 @dataclass(frozen=True)
@@ -124,9 +117,14 @@ def to_table(data: Any) -> pa.Table:
         return data
     if isinstance(data, pa.RecordBatch):
         return pa.Table.from_batches([data])
+    if hasattr(data, "__arrow_c_stream__") and type(data).__module__.split(".")[0] != "pandas":
+        # the Arrow PyCapsule protocol: polars, DuckDB relations, nanoarrow, ... hand over their
+        # columns without a copy and without lakebuffer knowing the library
+        try:
+            return pa.table(data)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as e:
+            raise SchemaError(f"cannot read {type(data).__name__} through the Arrow C stream: {e}") from e
     mod = type(data).__module__.split(".")[0]
-    if mod == "polars":
-        return data.to_arrow()
     if mod == "pandas":
         return pa.Table.from_pandas(data, preserve_index=False)
     if isinstance(data, dict):
@@ -158,7 +156,8 @@ def _to_array(v: Any) -> pa.Array:
 
 
 def _compatible(src: pa.DataType, dst: pa.DataType) -> bool:
-    """Casts we accept silently: same family (ints to ints, floats, lists of those, strings, times)."""
+    """Casts we accept silently: same family (ints to ints, floats, lists of those, strings, times),
+    including the view layouts the Arrow C stream of polars and others hands over."""
     if src.equals(dst) or pa.types.is_null(src):
         return True
     if pa.types.is_integer(dst):
@@ -166,13 +165,15 @@ def _compatible(src: pa.DataType, dst: pa.DataType) -> bool:
     if pa.types.is_floating(dst):
         return pa.types.is_integer(src) or pa.types.is_floating(src)
     if pa.types.is_string(dst) or pa.types.is_large_string(dst):
-        return pa.types.is_string(src) or pa.types.is_large_string(src) or pa.types.is_dictionary(src)
+        return (pa.types.is_string(src) or pa.types.is_large_string(src) or pa.types.is_string_view(src)
+                or pa.types.is_dictionary(src))
     if pa.types.is_timestamp(dst):
         return pa.types.is_timestamp(src) or pa.types.is_date(src)
     if pa.types.is_boolean(dst):
         return pa.types.is_boolean(src)
     if pa.types.is_list(dst) or pa.types.is_large_list(dst):
-        if pa.types.is_list(src) or pa.types.is_large_list(src) or pa.types.is_fixed_size_list(src):
+        if (pa.types.is_list(src) or pa.types.is_large_list(src) or pa.types.is_fixed_size_list(src)
+                or pa.types.is_list_view(src) or pa.types.is_large_list_view(src)):
             return _compatible(src.value_type, dst.value_type)
         return False
     return False
