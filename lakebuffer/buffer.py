@@ -324,8 +324,10 @@ class ReplayBuffer:
         finally:
             self._closed = True
             try:
-                self._catalog.close()
-                self.index.close()
+                try:  # each part is closed even if another fails (a later error carries the earlier one)
+                    self._catalog.close()
+                finally:
+                    self.index.close()
             finally:
                 self._dirlock.release()
 

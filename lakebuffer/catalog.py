@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 from . import predicate
 from .engine.tasks import P0, P1, TaskQueue
-from .errors import QueryError
+from .errors import LakeBufferError, QueryError, error_boundary
 from .resources import render_sql, sql_text
 
 if TYPE_CHECKING:
@@ -54,9 +54,9 @@ def stream(sql: str, tables: dict[str, Any], batch_size: int, setup: list[str] =
             con.execute(stmt)
         try:
             reader = con.sql(sql).to_arrow_reader(batch_size)
-        except duckdb.Error as e:
+            yield from reader
+        except (duckdb.Error, pa.ArrowException) as e:
             raise QueryError(f"{type(e).__name__}: {e}") from e
-        yield from reader
     finally:
         con.close()
 
@@ -66,6 +66,11 @@ _QUEUED_META_ROWS = 8192
 _QUEUED_COUNT_ROWS = 262_144
 
 
+def _duckdb_error(_: Catalog, e: BaseException) -> LakeBufferError | None:
+    return QueryError(f"{type(e).__name__}: {e}") if isinstance(e, duckdb.Error) else None
+
+
+@error_boundary(_duckdb_error)
 class Catalog:
     """Thread-safe wrapper around one DuckDB connection (DuckDB connections are not)."""
 

@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 from rocksdict import Options, Rdict, WriteBatch
 
-from .errors import CorruptionError, SchemaError
+from .errors import CorruptionError, LakeBufferError, SchemaError, StorageError, error_boundary
 
 _LOC = struct.Struct(">QI")
 _U64 = struct.Struct(">Q")
@@ -61,6 +61,19 @@ def _from_ipc(blob: bytes) -> pa.Table:
     return pa.ipc.open_stream(pa.py_buffer(blob)).read_all()
 
 
+def _rocksdb_error(index: KeyIndex, e: BaseException) -> LakeBufferError | None:
+    """rocksdict raises a bare ``Exception`` carrying RocksDB's status text ("IO error: ...")."""
+    where = getattr(index, "path", "the key index")
+    if isinstance(e, UnicodeEncodeError):
+        return SchemaError(f"key {e.object!r} is not valid UTF-8 (a lone surrogate?); keys must be encodable text")
+    if type(e) is Exception or isinstance(e, OSError):
+        if str(e).startswith("Corruption"):
+            return CorruptionError(f"index {where}: {e}; run `lakebuffer fsck --repair` on the buffer directory")
+        return StorageError(f"index {where}: {e} (free disk space or fix the directory, then reopen)")
+    return None
+
+
+@error_boundary(_rocksdb_error)
 class KeyIndex:
     """Durable key -> location map and per-batch metadata. Thread-safe."""
 
@@ -263,7 +276,11 @@ class KeyIndex:
         self._db.flush()
 
     def close(self) -> None:
-        self._db.flush()
-        # the column family views hold the database open: drop them before closing it
-        self._meta = self._meta_cf = None
-        self._db.close()
+        """Flush and close; the database is closed even when the flush fails (a full disk), so
+        RocksDB's own lock is released and the directory can be opened again in this process."""
+        try:
+            self._db.flush()
+        finally:
+            # the column family views hold the database open: drop them before closing it
+            self._meta = self._meta_cf = None
+            self._db.close()

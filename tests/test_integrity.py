@@ -131,3 +131,73 @@ def test_generated_keys_skip_past_stored_ones_when_the_counter_is_lost(tmp_path)
         acked += buf.push(make_rollouts(3, tokens=3)).to_pylist()
         assert acked[-3:] == ["r-0000000005", "r-0000000006", "r-0000000007"]
         assert_keys_unique(buf, acked)
+
+
+# --- 8. faults end cleanly ---------------------------------------------------------------------
+def test_close_that_fails_on_disk_releases_the_lock_and_raises_a_lakebuffer_error(tmp_path):
+    path = tmp_path / "b"
+    buf = open_buf(path)
+    keys = buf.push(make_rollouts(50, tokens=8)).to_pylist()
+    # a real I/O fault at close: the index directory is gone when RocksDB flushes its memtable
+    (path / "index").rename(tmp_path / "index.away")
+    with pytest.raises(lb.StorageError, match="index"):
+        buf.close()
+    (tmp_path / "index.away").rename(path / "index")
+    with open_buf(path) as again:  # same process: neither the directory lock nor RocksDB's is kept
+        assert sorted(again.get(keys, ["key"]).column("key").to_pylist()) == sorted(keys)
+
+
+def test_dependency_errors_reach_the_user_as_lakebuffer_errors(tmp_path):
+    with open_buf(tmp_path / "b") as buf:
+        with pytest.raises(lb.SchemaError, match="UTF-8"):
+            buf.get(["k\ud800"])
+        with pytest.raises(lb.SchemaError, match="UTF-8"):
+            buf.delete(keys=["k\ud800"])
+
+
+# --- 9. input hygiene -----------------------------------------------------------------------------
+@pytest.mark.parametrize("rewards", [
+    pa.array([0.5, float("inf")], pa.float32()),
+    pa.array([0.5, float("-inf")], pa.float64()),
+    pa.array([0.5, 1e300], pa.float64()),  # finite as float64, inf once cast to the schema's float32
+    pa.array([0.5, float("nan")], pa.float64()),
+])
+def test_non_finite_rewards_are_refused_after_the_cast(tmp_path, rewards):
+    with open_buf(tmp_path / "b") as buf:
+        t = make_rollouts(2, tokens=3)
+        with pytest.raises(lb.SchemaError, match="non-finite"):
+            buf.push(t.set_column(t.column_names.index("reward"), "reward", rewards))
+        assert len(buf) == 0
+        assert buf.push(make_rollouts(2, tokens=3)).to_pylist()  # the buffer is fine afterwards
+
+
+def test_a_key_with_a_lone_surrogate_is_a_schema_error(tmp_path):
+    with open_buf(tmp_path / "b") as buf:
+        rows = make_rollouts(2, tokens=3).to_pylist()
+        rows[0]["key"], rows[1]["key"] = "fine", "k\ud800"
+        with pytest.raises(lb.SchemaError, match="UTF-8"):
+            buf.push(rows)
+        with pytest.raises(lb.SchemaError, match="(?i)utf-8"):
+            buf.push({"key": ["fine", "k\ud800"], **{c: [r[c] for r in rows] for c in rows[0] if c != "key"}})
+        rows[1]["key"], rows[0]["prompt_id"] = "ok", "p\udfff"
+        with pytest.raises(lb.SchemaError, match="UTF-8"):
+            buf.push(rows)
+        assert len(buf) == 0
+
+
+def test_scan_over_a_truncated_fragment_is_a_corruption_error(tmp_path):
+    path = tmp_path / "b"
+    with open_buf(path) as buf:
+        buf.push(make_rollouts(500, tokens=16))
+        buf.evict_all()
+    files = sorted((path / "warm" / "rollouts.lance" / "data").iterdir())
+    victim = files[len(files) // 2]
+    with open(victim, "r+b") as f:
+        f.truncate(victim.stat().st_size // 2)
+    with open_buf(path) as buf:
+        with pytest.raises(lb.CorruptionError, match="warm fragment") as err:
+            for _ in buf.scan(batch_size=64):
+                pass
+        assert "fsck" in str(err.value)
+        with pytest.raises(lb.CorruptionError, match="warm fragment"):
+            list(buf.scan(where="reward >= 0", columns=["key", "response_ids"], batch_size=64))
