@@ -201,3 +201,136 @@ def test_scan_over_a_truncated_fragment_is_a_corruption_error(tmp_path):
         assert "fsck" in str(err.value)
         with pytest.raises(lb.CorruptionError, match="warm fragment"):
             list(buf.scan(where="reward >= 0", columns=["key", "response_ids"], batch_size=64))
+
+
+# --- 4. read-only means read-only; predicates are predicates -----------------------------------
+FILE_READ = "(SELECT count(*) FROM read_text('/etc/passwd')) > 0"
+
+
+@pytest.fixture
+def lake_and_buffer(tmp_path):
+    lake = tmp_path / "lake"
+    buf = open_buf(tmp_path / "b", lake=str(lake), run_id="r")
+    buf.push(make_rollouts(64, tokens=4))
+    buf.snapshot(wait=True)
+    yield buf, lake
+    buf.close()
+
+
+def test_a_where_that_reads_files_is_refused_everywhere(lake_and_buffer):
+    from lakebuffer.dataset import RolloutDataset
+
+    buf, lake = lake_and_buffer
+    view = lb.ReplayBuffer.open_lake(str(lake))
+    calls = {
+        "buf.sample": lambda: buf.sample(4, where=FILE_READ),
+        "buf.count": lambda: buf.count(FILE_READ),
+        "buf.scan": lambda: list(buf.scan(where=FILE_READ)),
+        "buf.delete": lambda: buf.delete(where=FILE_READ),
+        "view.sample": lambda: view.sample(4, where=FILE_READ),
+        "view.count": lambda: view.count(FILE_READ),
+        "view.scan": lambda: list(view.scan(where=FILE_READ)),
+        "dataset": lambda: RolloutDataset(buf, where=FILE_READ),
+    }
+    for name, call in calls.items():
+        with pytest.raises(lb.QueryError):
+            call()
+            pytest.fail(f"{name} accepted a where that reads a file")
+    assert buf.count() == 64 and view.count() == 64
+    view.close()
+
+
+WRITES_TO_THE_LAKE = [
+    "COPY (SELECT 'x') TO '{lake}/_lakebuffer.json' (FORMAT csv, HEADER false)",
+    "COPY rollouts TO '{lake}/copy.parquet'",
+    "EXPORT DATABASE '{lake}/export'",
+    "ATTACH '{lake}/x.duckdb' AS x",
+    "ATTACH ':memory:' AS x",
+    "SELECT * FROM read_csv('/etc/passwd')",
+    "SELECT * FROM read_text('{lake}/_lakebuffer.json')",
+    "SELECT * FROM glob('{lake}/*')",
+    "SELECT * FROM read_parquet('{lake}/**/*.parquet')",
+    "INSTALL httpfs",
+    "LOAD httpfs",
+    "SET enable_external_access = true",
+    "RESET lock_configuration",
+    "PRAGMA enable_profiling",
+    "CREATE OR REPLACE TEMP VIEW rollouts AS SELECT 1 AS key",
+    "DROP VIEW meta",
+    "EXPLAIN ANALYZE CREATE TABLE t AS SELECT 1",
+    "SELECT 1; DROP VIEW rollouts",
+]
+
+
+def test_a_lake_view_cannot_write_or_read_beyond_its_lake(lake_and_buffer):
+    buf, lake = lake_and_buffer
+    settings = (lake / "_lakebuffer.json").read_bytes()
+    files = sorted(p.relative_to(lake) for p in lake.rglob("*"))
+    view = lb.ReplayBuffer.open_lake(str(lake))
+    expected = view.sql("SELECT key, reward FROM rollouts ORDER BY key")
+    for stmt in WRITES_TO_THE_LAKE:
+        with pytest.raises((lb.QueryError, lb.ReadOnlyError)):
+            view.sql(stmt.format(lake=lake))
+            pytest.fail(f"a lake view ran {stmt!r}")
+    assert view.sql("SELECT key, reward FROM rollouts ORDER BY key").equals(expected)
+    assert view.count() == 64 and view.get(expected.column("key")[:3]).num_rows == 3
+    view.close()
+    assert (lake / "_lakebuffer.json").read_bytes() == settings
+    assert sorted(p.relative_to(lake) for p in lake.rglob("*")) == files
+    again = lb.ReplayBuffer.open_lake(str(lake))  # every reader of the lake still reads it
+    assert again.count() == 64
+    again.close()
+
+
+BUFFER_CATALOG_WRITES = [
+    "DROP TABLE meta",
+    "DELETE FROM meta",
+    "UPDATE meta SET reward = 0",
+    "INSERT INTO meta SELECT * FROM meta",
+    "CREATE OR REPLACE VIEW rollouts AS SELECT * FROM hot",
+    "DROP VIEW rollouts",
+    "ALTER TABLE meta RENAME TO m2",
+    "CREATE TABLE mine AS SELECT 1",
+    "CHECKPOINT",
+    "CALL pragma_version()",
+    "DETACH memory",
+    "USE system",
+    "BEGIN TRANSACTION",
+]
+
+
+def test_buffer_sql_cannot_change_the_catalog_or_touch_files(lake_and_buffer, tmp_path):
+    buf, lake = lake_and_buffer
+    settings = (lake / "_lakebuffer.json").read_bytes()
+    expected = buf.sql("SELECT key, reward, sample_count FROM rollouts ORDER BY key")
+    for stmt in BUFFER_CATALOG_WRITES + WRITES_TO_THE_LAKE:
+        with pytest.raises((lb.QueryError, lb.ReadOnlyError)):
+            buf.sql(stmt.format(lake=lake))
+            pytest.fail(f"buf.sql ran {stmt!r}")
+    assert buf.sql("SELECT key, reward, sample_count FROM rollouts ORDER BY key").equals(expected)
+    assert (lake / "_lakebuffer.json").read_bytes() == settings
+    assert not (lake / "copy.parquet").exists()
+    # the buffer still works on every path afterwards
+    assert len(buf) == 64 and buf.count("reward >= 0") == 64
+    assert buf.sample(8, seed=1).num_rows == 8
+    keys = buf.push(make_rollouts(4, tokens=4, seed=3))
+    assert buf.get(keys).num_rows == 4 and len(buf) == 68
+    assert buf.sql("SELECT count(*) AS n FROM cold").column("n")[0].as_py() == 64
+
+
+def test_what_sql_may_do(lake_and_buffer):
+    buf, lake = lake_and_buffer
+    view = lb.ReplayBuffer.open_lake(str(lake))
+    for reader in (buf, view):
+        assert reader.sql("SELECT count(*) AS n FROM rollouts").column("n")[0].as_py() == 64
+        assert reader.sql("WITH t AS (SELECT reward FROM meta) SELECT count(*) AS n FROM t").num_rows == 1
+        assert reader.sql("FROM meta LIMIT 2").num_rows == 2
+        assert reader.sql("SELECT count(*) AS n FROM rollouts WHERE reward > ?", [2.0]).column("n")[0].as_py() == 0
+        assert "key" in reader.sql("DESCRIBE rollouts").column("column_name").to_pylist()
+        assert reader.sql("SUMMARIZE SELECT reward FROM meta").num_rows == 1
+        assert reader.sql("SHOW TABLES").num_rows >= 1
+        assert reader.sql("EXPLAIN SELECT * FROM meta").num_rows >= 1
+        assert reader.sql("EXPLAIN ANALYZE SELECT count(*) FROM meta").num_rows >= 1
+        assert reader.sql("PIVOT (SELECT verified, policy_version FROM meta) ON verified USING count(*)").num_rows == 1
+        assert reader.sql("/* a comment */ VALUES (1), (2)").num_rows == 2
+    view.close()
