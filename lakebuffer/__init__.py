@@ -19,6 +19,7 @@ from .errors import (
     QueryError,
     ReadOnlyError,
     SchemaError,
+    StorageError,
     WorkerError,
 )
 from .options import BufferOptions
@@ -43,6 +44,7 @@ __all__ = [
     "ReplayBuffer",
     "RolloutReader",
     "SchemaError",
+    "StorageError",
     "WorkerError",
     "samplers",
 ]

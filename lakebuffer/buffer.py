@@ -254,9 +254,10 @@ class ReplayBuffer:
         yield from reads.scan(self._state, where, columns, batch_size)
 
     def sql(self, query: str, params: list | dict | None = None) -> pa.Table:
-        """Run DuckDB SQL over ``rollouts`` (all tiers), ``hot``, ``warm`` and ``meta``."""
+        """Run one read-only DuckDB statement over ``rollouts`` (all tiers), ``hot``, ``warm`` and ``meta``
+        (``ReadOnlyError`` for anything that writes; no file access: see README "What sql() may do")."""
         self._check()
-        return self._catalog.query(query, params)
+        return self._catalog.user_query(query, params)
 
     def count(self, where: str | None = None) -> int:
         """How many rollouts match ``where`` (all of them if None)."""
@@ -324,8 +325,10 @@ class ReplayBuffer:
         finally:
             self._closed = True
             try:
-                self._catalog.close()
-                self.index.close()
+                try:  # each part is closed even if another fails (a later error carries the earlier one)
+                    self._catalog.close()
+                finally:
+                    self.index.close()
             finally:
                 self._dirlock.release()
 

@@ -27,8 +27,9 @@ import pyarrow.compute as pc
 
 from . import predicate
 from .engine.tasks import P0, P1, TaskQueue
-from .errors import QueryError
+from .errors import LakeBufferError, QueryError, error_boundary
 from .resources import render_sql, sql_text
+from .sandbox import check_read_only, sandbox
 
 if TYPE_CHECKING:
     from .tiers import Tier
@@ -46,7 +47,7 @@ def stream(sql: str, tables: dict[str, Any], batch_size: int, setup: list[str] =
     A scan may be consumed slowly (a training loop); on its own connection it never holds the
     catalog's lock, and the registered objects are a consistent snapshot the caller chose.
     """
-    con = duckdb.connect()
+    con = sandbox(duckdb.connect())
     try:
         for name, obj in tables.items():
             con.register(name, obj)
@@ -54,9 +55,9 @@ def stream(sql: str, tables: dict[str, Any], batch_size: int, setup: list[str] =
             con.execute(stmt)
         try:
             reader = con.sql(sql).to_arrow_reader(batch_size)
-        except duckdb.Error as e:
+            yield from reader
+        except (duckdb.Error, pa.ArrowException) as e:
             raise QueryError(f"{type(e).__name__}: {e}") from e
-        yield from reader
     finally:
         con.close()
 
@@ -66,6 +67,11 @@ _QUEUED_META_ROWS = 8192
 _QUEUED_COUNT_ROWS = 262_144
 
 
+def _duckdb_error(_: Catalog, e: BaseException) -> LakeBufferError | None:
+    return QueryError(f"{type(e).__name__}: {e}") if isinstance(e, duckdb.Error) else None
+
+
+@error_boundary(_duckdb_error)
 class Catalog:
     """Thread-safe wrapper around one DuckDB connection (DuckDB connections are not)."""
 
@@ -79,6 +85,7 @@ class Catalog:
         self.con = duckdb.connect(":memory:")
         if threads:
             self.con.execute(f"SET threads = {int(threads)}")
+        sandbox(self.con)  # no file or network access, no SET: the views read only what is registered
         self._empty = schema.empty_table()
         meta_schema = pa.schema([schema.field(c) for c in meta_columns] + [pa.field("_batch", pa.int64())])
         self.meta_schema = meta_schema
@@ -313,6 +320,10 @@ class Catalog:
             finally:
                 for name in tables:
                     self.con.unregister(name)
+
+    def user_query(self, sql: str, params: list | dict | None = None) -> pa.Table:
+        """A user's ``sql()``: one read-only statement (``sandbox.check_read_only``), then ``query``."""
+        return self.query(check_read_only(sql), params)
 
     def source_for(self, where: str | None) -> str:
         """``meta`` if the predicate only needs metadata columns, else ``rollouts`` (all columns)."""

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 
 class LakeBufferError(Exception):
     """Root of every error lakebuffer raises on purpose."""
@@ -35,6 +40,11 @@ class CorruptionError(LakeBufferError, OSError):
     """A fragment, WAL segment or lake file is missing or fails its checksum."""
 
 
+class StorageError(LakeBufferError, OSError):
+    """The buffer's local storage (index, WAL, warm tier, catalog) failed: a full disk, a permission,
+    an I/O error. What was acknowledged before stays durable; free the space or fix the path and reopen."""
+
+
 class LakeError(LakeBufferError, OSError):
     """The cold lake (S3 or fsspec URL) could not be read or written."""
 
@@ -49,3 +59,55 @@ class WorkerError(LakeBufferError, RuntimeError):
 
 class KeyNotFoundError(LakeBufferError, KeyError):
     """A requested rollout key is not in the buffer."""
+
+
+#: ``translate(part, error)``: the ``LakeBufferError`` a dependency's exception becomes (None: leave it)
+Translate = Callable[[Any, BaseException], "LakeBufferError | None"]
+_C = TypeVar("_C", bound=type)
+
+
+def error_boundary(translate: Translate) -> Callable[[_C], _C]:
+    """Class decorator: exceptions of a dependency (rocksdict, duckdb, lance) leaving a public method
+    (or ``__init__``) of the class become ``LakeBufferError``s.
+
+    Why at the class: the module is the boundary to its dependency, so one translation there covers
+    every call, present and future, instead of a try/except at each call site.
+    """
+
+    def wrap(cls: _C) -> _C:
+        for name, fn in list(vars(cls).items()):
+            if inspect.isfunction(fn) and (name == "__init__" or not name.startswith("_")):
+                setattr(cls, name, _guarded(fn, translate))
+        return cls
+
+    return wrap
+
+
+def _guarded(fn: Callable, translate: Translate) -> Callable:
+    def mapped(part: Any, e: Exception) -> LakeBufferError | None:
+        return None if isinstance(e, LakeBufferError) else translate(part, e)
+
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def gen(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return (yield from fn(self, *args, **kwargs))
+            except Exception as e:
+                out = mapped(self, e)
+                if out is None:
+                    raise
+                raise out from e
+
+        return gen
+
+    @functools.wraps(fn)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(self, *args, **kwargs)
+        except Exception as e:
+            out = mapped(self, e)
+            if out is None:
+                raise
+            raise out from e
+
+    return call

@@ -58,9 +58,9 @@ class LakeView:
         return self.lake.runs()
 
     def sql(self, query: str, params: list | dict | None = None) -> pa.Table:
-        """DuckDB SQL over ``rollouts`` (= ``lake`` = ``cold``: every run) and ``meta``."""
+        """One read-only DuckDB statement over ``rollouts`` (= ``lake`` = ``cold``: every run) and ``meta``."""
         self._check()
-        return self._catalog.query(query, params)
+        return self._catalog.user_query(query, params)
 
     def sample(
         self,

@@ -113,6 +113,14 @@ def merge_schema(user: pa.Schema | None) -> pa.Schema:
 
 def to_table(data: Any) -> pa.Table:
     """Turn any supported input into a ``pa.Table`` without copying Arrow data."""
+    try:
+        return _to_table(data)
+    except UnicodeEncodeError as e:  # Python text Arrow cannot hold (a lone surrogate): the user's input
+        raise SchemaError(f"a text value is not valid UTF-8 ({e.reason}: {e.object[e.start:e.end]!r} "
+                          f"in {e.object!r}); strings must be encodable text") from e
+
+
+def _to_table(data: Any) -> pa.Table:
     if isinstance(data, pa.Table):
         return data
     if isinstance(data, pa.RecordBatch):
@@ -179,10 +187,13 @@ def _compatible(src: pa.DataType, dst: pa.DataType) -> bool:
     return False
 
 
-def conform(table: pa.Table, schema: pa.Schema, *, run_id: str, now: Any, keys: pa.Array | None) -> pa.Table:
+def conform(table: pa.Table, schema: pa.Schema, *, run_id: str, now: Any, keys: pa.Array | None,
+            finite_rewards: bool = True) -> pa.Table:
     """Validate ``table`` against ``schema`` and fill defaults; raise ``SchemaError`` naming the column.
 
-    ``keys`` are the generated keys to use where the batch brings none.
+    ``keys`` are the generated keys to use where the batch brings none. ``finite_rewards=False``
+    (rows restored from a lake) refuses only NaN, as pushes did before ±inf was refused, so a lake
+    written then still restores.
     """
     n = table.num_rows
     names = set(table.column_names)
@@ -213,9 +224,13 @@ def conform(table: pa.Table, schema: pa.Schema, *, run_id: str, now: Any, keys: 
             raise SchemaError(f"column {name!r} has {col.null_count} null value(s) but is not nullable")
         columns[name] = col
     reward = columns["reward"]
-    nan = pc.sum(pc.is_nan(reward).cast(pa.int64())).as_py() or 0
-    if nan:
-        raise SchemaError(f"column 'reward' has {nan} NaN value(s); rewards must be finite numbers")
+    # checked after the cast: a float64 1e300 is finite, its float32 is inf
+    bad = pc.invert(pc.is_finite(reward)) if finite_rewards else pc.is_nan(reward)
+    n_bad = pc.sum(bad.cast(pa.int64())).as_py() or 0
+    if n_bad:
+        first = reward.filter(bad)[0].as_py()
+        raise SchemaError(f"column 'reward' has {n_bad} non-finite value(s) as {reward.type} (first: {first}; "
+                          "NaN, +-inf, or beyond the type's range); rewards must be finite numbers")
     return pa.table(columns, schema=schema)
 
 
@@ -223,7 +238,8 @@ def conform_restored(table: pa.Table, schema: pa.Schema, run_id: str) -> pa.Tabl
     """Rows read back from the lake as the buffer's ``schema``: lake-only columns dropped, the rest
     validated and defaulted like a push (restore and fsck's rebuild share this)."""
     table = table.select([c for c in schema.names if c in table.column_names])
-    return conform(table, schema, run_id=run_id, now=np.datetime64(time.time_ns() // 1000, "us"), keys=None)
+    return conform(table, schema, run_id=run_id, now=np.datetime64(time.time_ns() // 1000, "us"), keys=None,
+                   finite_rewards=False)
 
 
 def _fill_default(name, col, n, *, run_id, now, keys, filled, type_):

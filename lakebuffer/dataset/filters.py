@@ -120,8 +120,11 @@ class RowFilter:
         if self.con is None:  # created lazily, i.e. inside the DataLoader worker process
             import duckdb
 
+            from ..sandbox import sandbox
+
             self.con = duckdb.connect()
             self.con.execute("SET threads TO 1")
+            sandbox(self.con)
         idx = self._select(batch, self.columns, retry=True)
         if len(idx) == n:
             return batch

@@ -8,6 +8,7 @@ failure half way undoes the chunks already stored (a push is all or nothing).
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -36,6 +37,10 @@ class Ingest:
         self.writeback = writeback
         self.key_prefix = key_prefix
         self.push_timeout_s = push_timeout_s
+        # generated keys are ``<prefix>-<seq>``; user keys may not take that form, so the two key
+        # spaces are disjoint and a later generated key can never meet an earlier user key
+        self._generated = f"^{re.escape(key_prefix)}-[0-9]+$"
+        state.index.skip_generated(key_prefix)
 
     def push(self, batch: Any) -> pa.Array:
         """Store a batch; its keys (see ``ReplayBuffer.push``)."""
@@ -68,8 +73,16 @@ class Ingest:
             keys = self._generate_keys(n) if given.null_count else None
             table = conform(table, s.schema, run_id=s.run_id, now=now_us(), keys=keys)
             user_keys = pc.drop_null(given).cast(pa.string())
+            taken = pc.match_substring_regex(user_keys, self._generated)
+            if pc.any(taken).as_py():
+                bad = user_keys.filter(taken)[0].as_py()
+                raise SchemaError(
+                    f"column 'key': {bad!r} has the form '{self.key_prefix}-<number>' this buffer uses for the "
+                    "keys it generates; give your keys another form (or leave 'key' null to have one generated)")
             if pc.count_distinct(table.column("key")).as_py() != n:
                 raise SchemaError("column 'key' has duplicate values within the batch")
+            # fail fast before the WAL write; the check that guarantees uniqueness is the index's,
+            # atomic with the insert (``KeyIndex.record_batch``)
             _, _, found = s.index.lookup(user_keys.to_pylist())
             if found.any():
                 dup = user_keys[int(np.flatnonzero(found)[0])].as_py()

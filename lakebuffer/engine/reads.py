@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from .. import predicate
 from ..catalog import stream
-from ..errors import KeyNotFoundError
+from ..errors import KeyNotFoundError, QueryError
 from ..schema import key_list, projection
 from ..tiers import Location
 from .state import BufferState
@@ -83,4 +83,9 @@ def scan(s: BufferState, where: str | None, columns: Sequence[str] | None, batch
     with s.lock:
         tables = {f"{t.name}_data": t.arrow_source() for t in (s.hot, s.warm)}
     sql = s.catalog.render("scan", columns=", ".join(f'"{c}"' for c in cols), where=pred)
-    yield from stream(sql, tables, batch_size)
+    try:
+        yield from stream(sql, tables, batch_size)
+    except QueryError as e:
+        if "warm_data" in str(e):  # DuckDB: "reading the stream registered as 'warm_data' failed"
+            s.warm.check_readable(cols)  # raises CorruptionError naming the fragment
+        raise

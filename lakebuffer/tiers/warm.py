@@ -24,7 +24,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 
-from ..errors import CorruptionError
+from ..errors import CorruptionError, LakeBufferError, StorageError, error_boundary
 from .base import Location, Staged
 
 log = logging.getLogger("lakebuffer.warm")
@@ -50,6 +50,14 @@ def _lance_take(ds: lance.LanceDataset, addresses: np.ndarray, columns: list[str
     return ds._take_rows(pa.array(addresses, pa.uint64()), columns=columns)
 
 
+def _lance_error(tier: WarmTier, e: BaseException) -> LakeBufferError | None:
+    """Lance and pyarrow raise OSError / ValueError / RuntimeError; the user sees a StorageError."""
+    if isinstance(e, (OSError, ValueError, RuntimeError)):
+        return StorageError(f"warm tier {getattr(tier, 'path', '')}: {type(e).__name__}: {e}")
+    return None
+
+
+@error_boundary(_lance_error)
 class WarmTier:
     """Local Lance dataset of evicted batches (implements ``Tier``). One writer at a time."""
 
@@ -192,6 +200,21 @@ class WarmTier:
             crc = zlib.crc32(_crc32_file(p).to_bytes(4, "little"), crc)
         if crc != checksum:
             raise CorruptionError(f"warm fragment {fragment_id}: data file {', '.join(files)} fails its checksum")
+
+    def check_readable(self, columns: Sequence[str]) -> None:
+        """Raise ``CorruptionError`` naming the first fragment whose ``columns`` cannot be read.
+
+        A scan that failed inside DuckDB's read of this dataset asks this which fragment it was
+        (one fragment read at a time: only on that error path).
+        """
+        ds = self._ds
+        for frag in ds.get_fragments() if ds is not None else ():
+            try:
+                frag.to_table(columns=list(columns))
+            except Exception as e:  # noqa: BLE001 - any failure to read is the answer
+                raise CorruptionError(
+                    f"cannot read warm fragment {frag.fragment_id} ({self._files_of(ds, frag.fragment_id)}): {e}; "
+                    f"run `lakebuffer fsck --repair {self.path.parent.parent}`") from e
 
     def fragment_ids(self) -> list[int]:
         if self._ds is None:

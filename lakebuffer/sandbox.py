@@ -1,0 +1,73 @@
+"""What a user's SQL may do: read the data it was given, nothing else.
+
+Two layers, because either alone has holes:
+
+* ``sandbox(con)``: every DuckDB connection lakebuffer opens runs with ``enable_external_access``
+  off and the configuration locked. DuckDB then refuses ``read_csv('/etc/passwd')``, ``COPY ... TO``,
+  ``ATTACH '<file>'``, ``INSTALL``/``LOAD`` and any ``SET``, for the statement and for every function
+  in it, while the Arrow objects lakebuffer registers (hot tables, the warm Lance dataset, the lake's
+  pyarrow dataset, which read through pyarrow's own filesystems) still scan.
+* ``check_read_only(sql)``: ``sql()`` takes one read-only statement, classified by DuckDB's own
+  parser (``duckdb.extract_statements``), so nothing the engine would run differently slips past:
+  ``SELECT``/``WITH``/``FROM``/``VALUES``/``DESCRIBE``/``SHOW``/``SUMMARIZE``/``UNPIVOT`` (all
+  SELECT statements to DuckDB), ``PIVOT``, and ``EXPLAIN`` of one of those. ``DROP TABLE meta``,
+  ``CREATE OR REPLACE VIEW rollouts``, ``DELETE``, ``PRAGMA``, ``CALL``, ``CHECKPOINT`` ... raise
+  ``ReadOnlyError``: lakebuffer's catalog objects change only through the API (``push``, ``delete``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import duckdb
+
+from .errors import QueryError, ReadOnlyError
+
+_LEAD = re.compile(r"^(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*", re.S)
+_EXPLAIN = re.compile(r"^EXPLAIN\s+(?:ANALY[SZ]E\s+)?(?:\([^)]*\)\s*)?", re.I)
+_PIVOT = re.compile(r"^(?:UN)?PIVOT\b", re.I)
+_ALLOWED = "SELECT, WITH, FROM, VALUES, DESCRIBE, SHOW, SUMMARIZE, PIVOT, UNPIVOT, or EXPLAIN of one of those"
+
+
+def sandbox(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """No file or network access from ``con`` and no configuration change, from now on.
+
+    Set what the connection needs (``threads``) before calling this: the lock covers every option.
+    """
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+    return con
+
+
+def check_read_only(sql: str) -> str:
+    """``sql`` if it is one read-only statement; ``ReadOnlyError`` (or ``QueryError``) otherwise."""
+    if not isinstance(sql, str) or not sql.strip():
+        raise QueryError("sql() needs one SQL statement, e.g. SELECT count(*) FROM rollouts")
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as e:
+        raise QueryError(f"{type(e).__name__}: {e}") from e
+    if len(statements) != 1:
+        raise QueryError(f"sql() runs one statement, this text has {len(statements)}; call it once per statement")
+    _check(statements[0], sql)
+    return sql
+
+
+def _check(statement: Any, sql: str) -> None:
+    kind = statement.type
+    text = _LEAD.sub("", statement.query)
+    if kind == duckdb.StatementType.SELECT:
+        return
+    if kind == duckdb.StatementType.MULTI and _PIVOT.match(text):
+        return
+    if kind == duckdb.StatementType.EXPLAIN:  # EXPLAIN ANALYZE runs its statement: check that one
+        inner = _EXPLAIN.sub("", text, count=1)
+        inner_statements = duckdb.extract_statements(inner) if inner != text else []
+        if len(inner_statements) == 1:
+            _check(inner_statements[0], sql)
+            return
+    raise ReadOnlyError(
+        f"sql() is read-only and takes {_ALLOWED}; {kind.name} is not allowed: {sql.strip()[:80]!r} "
+        "(rows change through push/delete/update_priority; files are read through the lake)"
+    )
