@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 from . import predicate
 from .engine.tasks import P0, P1, TaskQueue
-from .errors import QueryError
+from .errors import QueryError, query_error
 from .resources import render_sql, sql_text
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ def stream(sql: str, tables: dict[str, Any], batch_size: int, setup: list[str] =
         try:
             reader = con.sql(sql).to_arrow_reader(batch_size)
         except duckdb.Error as e:
-            raise QueryError(f"{type(e).__name__}: {e}") from e
+            raise query_error(e) from e
         yield from reader
     finally:
         con.close()
@@ -309,7 +309,7 @@ class Catalog:
                 rel = self.con.sql(sql, params=params) if params is not None else self.con.sql(sql)
                 return rel.to_arrow_table() if rel is not None else pa.table({})
             except duckdb.Error as e:
-                raise QueryError(f"{type(e).__name__}: {e}") from e
+                raise query_error(e) from e
             finally:
                 for name in tables:
                     self.con.unregister(name)

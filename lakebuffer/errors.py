@@ -49,3 +49,13 @@ class WorkerError(LakeBufferError, RuntimeError):
 
 class KeyNotFoundError(LakeBufferError, KeyError):
     """A requested rollout key is not in the buffer."""
+
+
+def query_error(e: Exception) -> LakeBufferError:
+    """A DuckDB error as the user sees it: ``QueryError``, or the ``CorruptionError`` a tier raised
+    while DuckDB scanned it (DuckDB passes it on as text inside its own error)."""
+    text = str(e)
+    marker = "CorruptionError: "
+    if marker in text:
+        return CorruptionError(text[text.index(marker) + len(marker) :])
+    return QueryError(f"{type(e).__name__}: {text}")
