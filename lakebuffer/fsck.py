@@ -37,8 +37,8 @@ def check(path: str | Path, repair: bool = False, lake: str | None = None,
     is rebuilt from the fragments and WAL.
     """
     path = Path(path)
-    if not (path / "index").is_dir():
-        raise FileNotFoundError(f"{path} is not a lakebuffer directory (no index/)")
+    if not (path / "index").is_dir() and not has_local_data(path):
+        raise FileNotFoundError(f"{path} is not a lakebuffer directory (no index/, fragments or WAL)")
     lock = DirLock(path).acquire(hint="close it before fsck")
     try:
         damage = _index_damage(path)

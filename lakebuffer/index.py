@@ -78,7 +78,8 @@ def damaged(path: Path, detail: object) -> CorruptionError:
 def probe(path: Path) -> dict[str, bytes] | None:
     """The settings (``s/`` entries) of the index at ``path``, read-only; None if there is none.
 
-    Read-only: RocksDB changes nothing, even when the index is damaged (``CorruptionError``).
+    Read-only: RocksDB changes nothing, even when the index is damaged (``CorruptionError``). The
+    batch records are read too (small); keys and metadata blobs are checked when they are read.
     """
     path = Path(path)
     if not (path / "CURRENT").exists():
@@ -89,6 +90,8 @@ def probe(path: Path) -> dict[str, bytes] | None:
     except Exception as e:  # noqa: BLE001 - rocksdict raises bare Exception
         raise damaged(path, e) from e
     try:
+        for _ in _checked_scan(db, b"b/", path):  # batch records are small; a damaged block shows here
+            pass
         return {k[2:].decode(): v for k, v in _checked_scan(db, b"s/", path)}
     finally:
         db.close()
