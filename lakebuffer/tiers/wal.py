@@ -2,7 +2,7 @@
 
 A segment is written to ``<id>.arrow.tmp`` and renamed into place, so a torn write never looks
 like a segment. Arrow IPC has no checksum of its own, so every segment ends with an 8-byte footer
-(crc32 of the IPC bytes before it, then ``LBW1``) that ``read`` checks: recovery and fsck never
+(CRC32C of the IPC bytes before it, then ``LBW1``) that ``read`` checks: recovery and fsck never
 serve a flipped byte. Segments without the footer (written before it existed) are read unchecked;
  the index entry for the batch is written after the rename, so a segment with no
 index entry is a push that was never acknowledged (recovery deletes it). A segment is removed as
@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import os
 import struct
-import zlib
 from pathlib import Path
 
 import pyarrow as pa
+from crc32c import crc32c
 
 from ..errors import CorruptionError
-from .checksum import crc32_file, repair_hint
+from .checksum import crc32c_file, repair_hint
 
 _FOOTER = struct.Struct("<I4s")
 _MAGIC = b"LBW1"
@@ -40,7 +40,7 @@ class WriteAheadLog:
         with pa.OSFile(str(tmp), "wb") as f:  # native writes: no Python bytes copies per buffer
             with pa.ipc.new_file(f, table.schema) as w:
                 w.write_table(table)
-        crc = crc32_file(tmp)  # read back from the page cache: no second copy of the batch in RAM
+        crc = crc32c_file(tmp)  # read back from the page cache: no second copy of the batch in RAM
         with open(tmp, "ab") as f:
             f.write(_FOOTER.pack(crc, _MAGIC))
         if self.sync:
@@ -58,7 +58,7 @@ class WriteAheadLog:
                 os.close(fd)
 
     def read(self, batch_id: int) -> pa.Table:
-        """The segment's rows, after checking its crc32 (``CorruptionError`` naming it and the fix)."""
+        """The segment's rows, after checking its CRC32C (``CorruptionError`` naming it and the fix)."""
         return self.read_path(self._segment(batch_id))
 
     def read_path(self, seg: Path) -> pa.Table:
@@ -72,7 +72,7 @@ class WriteAheadLog:
         if n >= _FOOTER.size and buf[n - 4 :].to_pybytes() == _MAGIC:
             want, _ = _FOOTER.unpack(buf[n - _FOOTER.size :].to_pybytes())
             buf = buf.slice(0, n - _FOOTER.size)
-            if zlib.crc32(memoryview(buf)) != want:
+            if crc32c(memoryview(buf)) != want:
                 raise CorruptionError(f"WAL segment {seg} fails its checksum; {repair_hint(self.path.parent)}")
         try:
             return pa.ipc.open_file(pa.BufferReader(buf)).read_all()
