@@ -70,11 +70,8 @@ def _index_damage(path: Path) -> str | None:
         settings = probe(path / "index")
     except CorruptionError as e:
         return str(e)
-    if settings is None or "schema" not in settings or "run_id" not in settings:
-        if has_local_data(path):
-            return f"the key index {path / 'index'} is missing or empty but fragments or WAL segments are present"
-        if settings is None:
-            return None
+    if (settings is None or "schema" not in settings or "run_id" not in settings) and has_local_data(path):
+        return f"the key index {path / 'index'} is missing or empty but fragments or WAL segments are present"
     return None
 
 
