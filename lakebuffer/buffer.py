@@ -29,7 +29,7 @@ from .engine import deletes, reads
 from .engine.budget import Budget
 from .engine.dirlock import DirLock
 from .engine.ingest import Ingest
-from .engine.recovery import recover
+from .engine.recovery import recover, refuse_damaged_index
 from .engine.snapshots import Snapshots
 from .engine.state import BufferState
 from .engine.tasks import TaskQueue
@@ -97,6 +97,7 @@ class ReplayBuffer:
             raise
 
     def _open_parts(self, o: BufferOptions) -> None:
+        refuse_damaged_index(self.path)  # read-only first: a damaged index must not delete anything
         self.index = KeyIndex(self.path / "index")
         stored_run = self.index.get_setting("run_id")
         fresh = stored_run is None

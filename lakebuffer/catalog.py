@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 from . import predicate
 from .engine.tasks import P0, P1, TaskQueue
-from .errors import LakeBufferError, QueryError, error_boundary
+from .errors import LakeBufferError, error_boundary, query_error
 from .resources import render_sql, sql_text
 from .sandbox import check_read_only, sandbox
 
@@ -57,7 +57,7 @@ def stream(sql: str, tables: dict[str, Any], batch_size: int, setup: list[str] =
             reader = con.sql(sql).to_arrow_reader(batch_size)
             yield from reader
         except (duckdb.Error, pa.ArrowException) as e:
-            raise QueryError(f"{type(e).__name__}: {e}") from e
+            raise query_error(e) from e
     finally:
         con.close()
 
@@ -68,7 +68,7 @@ _QUEUED_COUNT_ROWS = 262_144
 
 
 def _duckdb_error(_: Catalog, e: BaseException) -> LakeBufferError | None:
-    return QueryError(f"{type(e).__name__}: {e}") if isinstance(e, duckdb.Error) else None
+    return query_error(e) if isinstance(e, duckdb.Error) else None
 
 
 @error_boundary(_duckdb_error)
@@ -316,7 +316,7 @@ class Catalog:
                 rel = self.con.sql(sql, params=params) if params is not None else self.con.sql(sql)
                 return rel.to_arrow_table() if rel is not None else pa.table({})
             except duckdb.Error as e:
-                raise QueryError(f"{type(e).__name__}: {e}") from e
+                raise query_error(e) from e
             finally:
                 for name in tables:
                     self.con.unregister(name)
@@ -338,7 +338,7 @@ class Catalog:
             except duckdb.BinderException:
                 return "rollouts"
             except duckdb.Error as e:
-                raise QueryError(f"{type(e).__name__}: {e}") from e
+                raise query_error(e) from e
 
     def render(self, name: str, **fields: Any) -> str:
         """An ``sql/<name>.sql`` template with ``{field}`` placeholders filled."""

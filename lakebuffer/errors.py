@@ -111,3 +111,13 @@ def _guarded(fn: Callable, translate: Translate) -> Callable:
             raise out from e
 
     return call
+
+
+def query_error(e: Exception) -> LakeBufferError:
+    """A DuckDB error as the user sees it: ``QueryError``, or the ``CorruptionError`` a tier raised
+    while DuckDB scanned it (DuckDB passes it on as text inside its own error)."""
+    text = str(e)
+    marker = "CorruptionError: "
+    if marker in text:
+        return CorruptionError(text[text.index(marker) + len(marker) :])
+    return QueryError(f"{type(e).__name__}: {text}")

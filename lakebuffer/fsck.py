@@ -2,6 +2,11 @@
 
 It reads the parts directly (not through ``ReplayBuffer.open``, whose recovery would silently fix
 what fsck should report), under the directory lock so no writer runs meanwhile.
+
+A damaged index (RocksDB cannot read it, it lost its settings while data is present, or fragments
+hold rows it does not know) is reported; ``--repair`` rebuilds it from the fragments and WAL
+(``engine/rebuild``). Every WAL segment and warm fragment is checked against its checksum; a broken
+batch is rebuilt from the lake only after the lake's copy of the run passes its own check.
 """
 
 from __future__ import annotations
@@ -12,9 +17,11 @@ from typing import Any
 import pyarrow as pa
 
 from .engine.dirlock import DirLock
+from .engine.rebuild import rebuild_index
+from .engine.recovery import has_local_data, quarantine_segment, sweep_wal, unexplained_fragments
 from .engine.writeback import FragmentInstaller
 from .errors import CorruptionError
-from .index import BatchInfo, KeyIndex
+from .index import BatchInfo, KeyIndex, probe
 from .schema import conform_restored, metadata_columns
 from .tiers import WarmTier, WriteAheadLog
 
@@ -23,18 +30,58 @@ def check(path: str | Path, repair: bool = False, lake: str | None = None,
           storage_options: dict | None = None) -> dict[str, Any]:
     """Return ``{"ok", "problems", "repaired", "lost_keys", "batches", "keys"}``; ``repair`` fixes what can be.
 
-    Repairs: drop warm fragments and WAL segments no index entry refers to (leftovers of a crash);
-    rebuild a broken batch from the cold lake when a snapshot holds its rows (``lake`` defaults to
-    the URL the buffer was last opened with); forget the rest (their keys are listed as lost).
+    Repairs: drop warm fragments a crash left (their rows never acknowledged or stored elsewhere),
+    quarantine WAL segments no batch refers to; rebuild a broken batch from the cold lake when a
+    snapshot holds its rows and the lake's copy passes its check (``lake`` defaults to the URL the
+    buffer was last opened with); forget the rest (their keys are listed as lost). A damaged index
+    is rebuilt from the fragments and WAL.
     """
     path = Path(path)
-    if not (path / "index").is_dir():
-        raise FileNotFoundError(f"{path} is not a lakebuffer directory (no index/)")
+    if not (path / "index").is_dir() and not has_local_data(path):
+        raise FileNotFoundError(f"{path} is not a lakebuffer directory (no index/, fragments or WAL)")
     lock = DirLock(path).acquire(hint="close it before fsck")
     try:
-        return _check(path, repair, lake, storage_options)
+        damage = _index_damage(path)
+        if damage is None:
+            try:
+                return _check(path, repair, lake, storage_options)
+            except _Damaged as e:
+                damage = str(e)
+            except CorruptionError as e:  # RocksDB failed part way through the check
+                damage = str(e)
+        report = {"ok": False, "problems": [damage], "repaired": [], "lost_keys": [], "batches": 0, "keys": 0}
+        if repair:
+            stored = _stored_lake(path)
+            done = rebuild_index(path, lake or stored, storage_options)
+            report["problems"] += done["problems"]
+            report["repaired"] += done["repaired"]
+        return report
     finally:
         lock.release()
+
+
+class _Damaged(Exception):
+    """The index does not describe the local data (it must be rebuilt, not patched)."""
+
+
+def _index_damage(path: Path) -> str | None:
+    """Why the index cannot be used as it is (read-only look), or None."""
+    try:
+        settings = probe(path / "index")
+    except CorruptionError as e:
+        return str(e)
+    if (settings is None or "schema" not in settings or "run_id" not in settings) and has_local_data(path):
+        return f"the key index {path / 'index'} is missing or empty but fragments or WAL segments are present"
+    return None
+
+
+def _stored_lake(path: Path) -> str | None:
+    try:
+        settings = probe(path / "index") or {}
+    except CorruptionError:
+        return None
+    v = settings.get("lake")
+    return v.decode() if v else None
 
 
 def _check(path: Path, repair: bool, lake_url: str | None, storage_options: dict | None) -> dict[str, Any]:
@@ -93,41 +140,51 @@ def _check(path: Path, repair: bool, lake_url: str | None, storage_options: dict
             extra = set(index_keys) - set(meta_keys)
             missing = set(meta_keys) - set(index_keys)
             problems.append(f"index keys vs metadata differ: {len(extra)} extra, {len(missing)} missing")
-        orphan_frags = sorted(fragments - referenced)
+        orphan_frags, unexplained = unexplained_fragments(index, warm, batches)
+        if unexplained:
+            raise _Damaged(f"warm fragments {unexplained} hold rows the key index does not know: the index is damaged")
         orphan_wal = sorted(wal_ids - {b for b, i in batches.items() if i.tier == "hot"})
         if orphan_frags:
-            problems.append(f"warm fragments with no index entry: {orphan_frags}")
+            problems.append(f"warm fragments with no index entry (left by a crashed write): {orphan_frags}")
         if orphan_wal:
             problems.append(f"WAL segments with no hot batch: {orphan_wal}")
         if repair:
             installer = FragmentInstaller(index, warm, metadata_columns(schema))
             if orphan_frags:
                 warm.drop_fragments(orphan_frags)
-                repaired.append(f"dropped orphan fragments {orphan_frags}")
+                repaired.append(f"dropped fragments left by a crashed write {orphan_frags}")
+            index.clear_installs(index.pending_installs())
             if wal.remove_torn():
                 repaired.append("removed torn WAL writes (*.arrow.tmp)")
-            for w in orphan_wal:
-                wal.remove(w)
-            if orphan_wal:
-                repaired.append(f"removed orphan WAL segments {orphan_wal}")
+            repaired += sweep_wal(index, warm, wal, batches, path)
             dead_frags = set()
             stored = index.get_setting("lake")
             lake_url = lake_url or (stored.decode() if stored else None)
+            lake_checked: dict[str, str | None] = {}
+            keep_frags: set = set()
             for bid in broken:
                 info = batches[bid]
+                if info.tier == "hot" and bid in wal_ids and wal.segment_path(bid).exists():
+                    target = quarantine_segment(wal, bid, path)  # kept for inspection, never served
+                    repaired.append(f"moved WAL segment {bid}, which fails its check, to {target}")
                 meta = index.batch_meta(bid)
                 keys = meta.column("key").to_pylist() if meta is not None else []
                 if info.tier == "warm" and info.fragment in fragments:
                     dead_frags.add(info.fragment)
-                if info.snapshot is not None and lake_url and keys and _rebuild_from_lake(
-                    index, installer, info, meta, lake_url, storage_options, schema
-                ):
-                    repaired.append(f"rebuilt batch {bid} ({len(keys)} rows) from the lake {lake_url}")
-                    continue
+                if info.snapshot is not None and lake_url and keys:
+                    bad_lake = _check_lake(index, lake_url, storage_options, lake_checked)
+                    if bad_lake is not None:
+                        problems.append(f"batch {bid} not rebuilt: the lake's copy fails its check ({bad_lake}); "
+                                        f"fix the lake (or pass --lake with a good copy) and run fsck --repair again")
+                        keep_frags.add(info.fragment)
+                        continue
+                    if _rebuild_from_lake(index, installer, info, meta, lake_url, storage_options, schema):
+                        repaired.append(f"rebuilt batch {bid} ({len(keys)} rows) from the lake {lake_url} (verified)")
+                        continue
                 lost.extend(keys)
                 index.drop_batch(bid, keys)
                 repaired.append(f"forgot batch {bid} ({len(keys)} rows whose data is gone)")
-            warm.drop_fragments(sorted(dead_frags))
+            warm.drop_fragments(sorted(dead_frags - keep_frags))
         return {
             "ok": not problems,
             "problems": problems,
@@ -138,6 +195,19 @@ def _check(path: Path, repair: bool, lake_url: str | None, storage_options: dict
         }
     finally:
         index.close()
+
+
+def _check_lake(index: KeyIndex, lake_url: str, storage_options: dict | None, cache: dict[str, str | None]) -> str | None:
+    """Verify the run's files in the lake once per fsck (size + sha256); what is wrong, or None."""
+    if lake_url not in cache:
+        from .lake import Lake
+
+        try:
+            Lake(lake_url, storage_options).verify(index.get_setting("run_id").decode())
+            cache[lake_url] = None
+        except Exception as e:  # noqa: BLE001 - a lake that cannot be verified is not a source
+            cache[lake_url] = f"{type(e).__name__}: {e}"
+    return cache[lake_url]
 
 
 def _rebuild_from_lake(index: KeyIndex, installer: FragmentInstaller, info: BatchInfo, meta: pa.Table,

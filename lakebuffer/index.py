@@ -10,7 +10,14 @@ Layout (one keyspace, prefixes keep scans cheap):
                       SST blocks with ``k/`` entries (a missed key lookup must stay a cheap read)
 ``sc/<key>``       -> ``>i`` replays of a rollout since its push
 ``c/<name>``       -> counters (next key sequence, next batch id); ``s/<name>`` -> schema, run id
+``p/<batch:>Q>``   -> an install in flight (written before its fragment, removed with its record), so
+                      recovery can tell a crashed install's fragment from rows a damaged index lost
 A batch's entries are written in one ``WriteBatch``, so the index never holds half a push.
+
+RocksDB reports damage as a bare ``Exception`` (and an iterator over a corrupt block just stops):
+opening and scanning here check for it and raise ``CorruptionError`` naming ``fsck --repair``.
+``probe`` reads a directory's settings read-only first, because a read-write open of a damaged
+index lets RocksDB delete files its broken MANIFEST no longer lists.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-from rocksdict import Options, Rdict, WriteBatch
+from rocksdict import AccessType, Options, Rdict, WriteBatch
 
 from .errors import CorruptionError, LakeBufferError, SchemaError, StorageError, error_boundary
 
@@ -61,6 +68,65 @@ def _from_ipc(blob: bytes) -> pa.Table:
     return pa.ipc.open_stream(pa.py_buffer(blob)).read_all()
 
 
+def damaged(path: Path, detail: object) -> CorruptionError:
+    """The error for an index RocksDB cannot read: what is wrong and the fix."""
+    return CorruptionError(f"the key index {path} is damaged ({detail}); nothing was changed: run "
+                           f"`lakebuffer fsck --repair {Path(path).parent}` to rebuild it from the local fragments "
+                           f"and WAL")
+
+
+def probe(path: Path) -> dict[str, bytes] | None:
+    """The settings (``s/`` entries) of the index at ``path``, read-only; None if there is none.
+
+    Read-only: RocksDB changes nothing, even when the index is damaged (``CorruptionError``). The
+    batch records are read too (small); keys and metadata blobs are checked when they are read.
+    """
+    path = Path(path)
+    if not (path / "CURRENT").exists():
+        return None
+    try:
+        db = Rdict(str(path), options=Options(raw_mode=True), access_type=AccessType.read_only(),
+                   column_families={"meta": Options(raw_mode=True)})
+    except Exception as e:  # noqa: BLE001 - rocksdict raises bare Exception
+        raise damaged(path, e) from e
+    try:
+        for _ in _checked_scan(db, b"b/", path):  # batch records are small; a damaged block shows here
+            pass
+        return {k[2:].decode(): v for k, v in _checked_scan(db, b"s/", path)}
+    finally:
+        db.close()
+
+
+def _checked_scan(db: Rdict, prefix: bytes, path: Path) -> Iterator[tuple[bytes, bytes]]:
+    """Entries under ``prefix``; ``CorruptionError`` if RocksDB stopped early on a damaged block.
+
+    ``items`` (fast) ends silently at a damaged block, just as at the end of the database: when it
+    ends before leaving the prefix, one iterator steps past the last entry seen and reports its status.
+    """
+    last = None
+    try:
+        for k, v in db.items(from_key=prefix):
+            if not k.startswith(prefix):
+                return  # left the range: it was read whole
+            last = k
+            yield k, v
+        it = db.iter()
+        try:
+            if last is None:
+                it.seek(prefix)
+            else:
+                it.seek(last)
+                if it.valid():
+                    it.next()
+            it.status()  # raises what stopped the iteration, if a damaged block did
+        finally:
+            del it
+    except CorruptionError:
+        raise
+    except Exception as e:  # noqa: BLE001 - rocksdict raises bare Exception
+        raise damaged(path, e) from e
+
+
 def _rocksdb_error(index: KeyIndex, e: BaseException) -> LakeBufferError | None:
     """rocksdict raises a bare ``Exception`` carrying RocksDB's status text ("IO error: ...")."""
     where = getattr(index, "path", "the key index")
@@ -86,7 +152,10 @@ class KeyIndex:
         opts.create_missing_column_families(True)
         cf = Options(raw_mode=True)
         cf.set_write_buffer_size(2 << 20)
-        self._db = Rdict(str(self.path), options=opts, column_families={"meta": cf})
+        try:
+            self._db = Rdict(str(self.path), options=opts, column_families={"meta": cf})
+        except Exception as e:  # noqa: BLE001 - rocksdict raises bare Exception
+            raise damaged(self.path, e) from e
         self._meta = self._db.get_column_family("meta")
         self._meta_cf = self._db.get_column_family_handle("meta")
         self._lock = threading.Lock()
@@ -95,7 +164,7 @@ class KeyIndex:
 
     # counters and settings -------------------------------------------------------------
     def _counter(self, name: bytes) -> int:
-        v = self._db.get(name)
+        v = self._get(name)
         return _U64.unpack(v)[0] if v is not None else 0
 
     def reserve_keys(self, n_keys: int) -> int:
@@ -111,28 +180,53 @@ class KeyIndex:
             self._next_batch += 1
             return bid
 
+    def _get(self, name: bytes) -> bytes | None:
+        try:
+            return self._db.get(name)
+        except Exception as e:  # noqa: BLE001 - rocksdict raises bare Exception
+            raise damaged(self.path, e) from e
+
     def get_setting(self, name: str) -> bytes | None:
-        return self._db.get(b"s/" + name.encode())
+        return self._get(b"s/" + name.encode())
 
     def put_setting(self, name: str, value: bytes) -> None:
         self._db[b"s/" + name.encode()] = value
 
     # writes ------------------------------------------------------------------------------
-    def record_batch(self, info: BatchInfo, keys: list[str], meta: pa.Table) -> None:
+    def begin_install(self, batch_id: int) -> None:
+        """Note an install in flight (before its fragment is written); ``record_batch`` clears it."""
+        self._db[_bkey(b"p/", batch_id)] = b""
+
+    def pending_installs(self) -> list[int]:
+        """Installs begun but never recorded (crashed between fragment and index)."""
+        return [_U64.unpack(k[2:])[0] for k, _ in self._scan(b"p/")]
+
+    def clear_installs(self, batch_ids: Iterable[int]) -> None:
+        wb = WriteBatch(raw_mode=True)
+        for bid in batch_ids:
+            wb.delete(_bkey(b"p/", bid))
+        self._db.write(wb)
+
+    def record_batch(self, info: BatchInfo, keys: list[str], meta: pa.Table,
+                     positions: Iterable[int] | None = None) -> None:
         """Write every entry of a new batch atomically (keys, batch info, metadata, counters).
 
         Keys are unique: under the one lock that also covers the write, every key (generated or
         not) is looked up first, and a key another batch holds raises ``SchemaError`` with nothing
         written. Check and insert in one critical section is what makes concurrent pushes of the
         same key safe (a check before the lock let 4 threads store 245 rows under 200 keys).
+
+        ``positions`` (default 0, 1, ...) are the keys' rows in the batch's location (fsck's rebuild
+        passes them when deleted rows leave gaps in a fragment).
         """
         wb = WriteBatch(raw_mode=True)
         bid = info.batch_id
         names = [b"k/" + k.encode() for k in keys]
-        for pos, name in enumerate(names):
-            wb.put(name, _LOC.pack(bid, pos))
+        for pos, name in zip(range(len(keys)) if positions is None else positions, names):
+            wb.put(name, _LOC.pack(bid, int(pos)))
         wb.put(_bkey(b"b/", bid), json.dumps(asdict(info)).encode())
         wb.put(_bkey(b"m/", bid), _ipc(meta), self._meta_cf)
+        wb.delete(_bkey(b"p/", bid))
         with self._lock:
             for i, v in enumerate(self._db.get(names)):
                 if v is not None and _LOC.unpack(v)[0] != bid:  # a rebuild of the same batch is no duplicate
@@ -187,7 +281,10 @@ class KeyIndex:
 
     def lookup(self, keys: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Batch ids, positions and a found-mask for ``keys`` (one RocksDB multi-get)."""
-        raw = self._db.get([b"k/" + k.encode() for k in keys])
+        try:
+            raw = self._db.get([b"k/" + k.encode() for k in keys])
+        except Exception as e:  # noqa: BLE001 - rocksdict raises bare Exception
+            raise damaged(self.path, e) from e
         n = len(keys)
         batch = np.zeros(n, dtype=np.int64)
         pos = np.zeros(n, dtype=np.int64)
@@ -199,10 +296,7 @@ class KeyIndex:
         return batch, pos, found
 
     def _scan(self, prefix: bytes, db: Rdict | None = None) -> Iterator[tuple[bytes, bytes]]:
-        for k, v in (db if db is not None else self._db).items(from_key=prefix):
-            if not k.startswith(prefix):
-                break
-            yield k, v
+        return _checked_scan(db if db is not None else self._db, prefix, self.path)
 
     def batches(self) -> dict[int, BatchInfo]:
         out = {}
@@ -215,7 +309,10 @@ class KeyIndex:
         return out
 
     def batch_meta(self, batch_id: int) -> pa.Table | None:
-        blob = self._meta.get(_bkey(b"m/", batch_id))
+        try:
+            blob = self._meta.get(_bkey(b"m/", batch_id))
+        except Exception as e:  # noqa: BLE001 - rocksdict raises bare Exception
+            raise damaged(self.path, e) from e
         return _from_ipc(blob) if blob is not None else None
 
     def all_meta(self) -> Iterator[tuple[int, pa.Table]]:
@@ -267,6 +364,12 @@ class KeyIndex:
             if len(tail) == 10 and tail.isdigit():
                 self.set_next_seq(int(tail) + 1)
                 return
+
+    def set_next_batch(self, value: int) -> None:
+        """Move the batch id counter past ids already used (never backwards)."""
+        with self._lock:
+            self._next_batch = max(self._next_batch, int(value))
+            self._db[b"c/next_batch"] = _U64.pack(self._next_batch)
 
     @property
     def next_seq(self) -> int:

@@ -5,7 +5,9 @@ reserve a batch id, stage the rows in the warm tier, describe them (``BatchInfo`
 location and metadata in the index in one write, then publish the fragment. Push of an oversized
 batch, restore from the lake and fsck's rebuild all go through it; the index write always comes
 before the publish, so a crash in between leaves an unpublished fragment recovery drops, never
-a visible row the index does not know.
+a visible row the index does not know. The install is noted in the index before the fragment is
+written (``begin_install``), so recovery knows that fragment is a crash's leftover and not rows a
+damaged index lost.
 
 Write-back moves existing hot batches instead (they already have index entries): one fragment per
 group of batches, then the index, the warm version and the hot tier change in one step under the
@@ -48,6 +50,7 @@ class FragmentInstaller:
         are kept apart from the pushed ``sample_count``).
         """
         bid = self.index.reserve_batch() if batch_id is None else batch_id
+        self.index.begin_install(bid)  # recovery drops this fragment only if the install never finished
         staged = self.warm.stage(table)
         info = BatchInfo(batch_id=bid, tier="warm", rows=table.num_rows, fragment=staged.part,
                          files=list(staged.files), checksum=staged.checksum, nbytes=staged.nbytes, snapshot=snapshot)

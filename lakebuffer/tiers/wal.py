@@ -1,7 +1,10 @@
 """The write-ahead log: one Arrow IPC segment per hot batch, so an acknowledged push survives kill -9.
 
 A segment is written to ``<id>.arrow.tmp`` and renamed into place, so a torn write never looks
-like a segment; the index entry for the batch is written after the rename, so a segment with no
+like a segment. Arrow IPC has no checksum of its own, so every segment ends with an 8-byte footer
+(CRC32C of the IPC bytes before it, then ``LBW1``) that ``read`` checks: recovery and fsck never
+serve a flipped byte. Segments without the footer (written before it existed) are read unchecked;
+ the index entry for the batch is written after the rename, so a segment with no
 index entry is a push that was never acknowledged (recovery deletes it). A segment is removed as
 soon as its batch is in the warm tier.
 """
@@ -9,11 +12,17 @@ soon as its batch is in the warm tier.
 from __future__ import annotations
 
 import os
+import struct
 from pathlib import Path
 
 import pyarrow as pa
+from crc32c import crc32c
 
 from ..errors import CorruptionError
+from .checksum import crc32c_file, repair_hint
+
+_FOOTER = struct.Struct("<I4s")
+_MAGIC = b"LBW1"
 
 
 class WriteAheadLog:
@@ -31,6 +40,9 @@ class WriteAheadLog:
         with pa.OSFile(str(tmp), "wb") as f:  # native writes: no Python bytes copies per buffer
             with pa.ipc.new_file(f, table.schema) as w:
                 w.write_table(table)
+        crc = crc32c_file(tmp)  # read back from the page cache: no second copy of the batch in RAM
+        with open(tmp, "ab") as f:
+            f.write(_FOOTER.pack(crc, _MAGIC))
         if self.sync:
             fd = os.open(tmp, os.O_RDONLY)
             try:
@@ -46,12 +58,29 @@ class WriteAheadLog:
                 os.close(fd)
 
     def read(self, batch_id: int) -> pa.Table:
-        seg = self._segment(batch_id)
+        """The segment's rows, after checking its CRC32C (``CorruptionError`` naming it and the fix)."""
+        return self.read_path(self._segment(batch_id))
+
+    def read_path(self, seg: Path) -> pa.Table:
+        """Read and check one segment file (also one moved aside into quarantine)."""
         try:
             with pa.memory_map(str(seg)) as src:
-                return pa.ipc.open_file(src).read_all()
+                buf = src.read_buffer()
+        except OSError as e:
+            raise CorruptionError(f"WAL segment {seg} is missing ({e}); {repair_hint(self.path.parent)}") from e
+        n = buf.size
+        if n >= _FOOTER.size and buf[n - 4 :].to_pybytes() == _MAGIC:
+            want, _ = _FOOTER.unpack(buf[n - _FOOTER.size :].to_pybytes())
+            buf = buf.slice(0, n - _FOOTER.size)
+            if crc32c(memoryview(buf)) != want:
+                raise CorruptionError(f"WAL segment {seg} fails its checksum; {repair_hint(self.path.parent)}")
+        try:
+            return pa.ipc.open_file(pa.BufferReader(buf)).read_all()
         except (OSError, pa.ArrowInvalid) as e:
-            raise CorruptionError(f"WAL segment {seg} is missing or torn: {e}") from e
+            raise CorruptionError(f"WAL segment {seg} is torn ({e}); {repair_hint(self.path.parent)}") from e
+
+    def segment_path(self, batch_id: int) -> Path:
+        return self._segment(batch_id)
 
     def remove(self, batch_id: int) -> None:
         self._segment(batch_id).unlink(missing_ok=True)

@@ -8,17 +8,24 @@ deletion vectors for deletes, and a pyarrow-dataset face DuckDB scans with pushd
 ``WarmTier`` implements ``Tier``: a part is a Lance fragment. Random reads go by row address
 through Lance's private ``_take_rows`` (the public ``take`` wants dataset-wide row offsets, which
 shift whenever a fragment is dropped; addresses stay valid); that call sits behind ``_lance_take``.
+
+Integrity: Lance files carry no checksums, so every fragment has a crc32 of its data files, taken when
+it is written and kept in the index (``expect`` hands it back after a restart). Every path that
+returns or copies warm rows checks a fragment the first time it touches it in this process: ``take``
+(get, sample, snapshot) before reading, and the ``arrow_source`` DuckDB scans (sql, scan) when a scan
+starts. A fragment stays verified while its files keep their (size, mtime); a changed file is checked
+again. A fragment that fails raises ``CorruptionError`` naming it and the fix, every time it is read.
 """
 
 from __future__ import annotations
 
 import logging
-import mmap
 import os
 import threading
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import lance
 import numpy as np
@@ -26,6 +33,7 @@ import pyarrow as pa
 
 from ..errors import CorruptionError, LakeBufferError, StorageError, error_boundary
 from .base import Location, Staged
+from .checksum import crc32_file, repair_hint
 
 log = logging.getLogger("lakebuffer.warm")
 
@@ -36,13 +44,43 @@ WARM_STORAGE_VERSION = "2.0"
 WARM_METADATA_CACHE = 16 << 20
 
 
-def _crc32_file(path: Path) -> int:
-    """crc32 of a file through a read-only memory map: no copy, no buffer allocated per call."""
-    with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size == 0:
-            return 0
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-            return zlib.crc32(m)
+def fragment_checksum(data_dir: Path, files: Sequence[str]) -> int:
+    """The checksum the index keeps for a fragment: crc32 over its data files' crc32s, in file order."""
+    crc = 0
+    for name in files:
+        crc = zlib.crc32(crc32_file(data_dir / name).to_bytes(4, "little"), crc)
+    return crc
+
+
+def _signature(data_dir: Path, files: Sequence[str]) -> tuple | None:
+    """(size, mtime) of each file: what must stay the same for a verified fragment to stay verified."""
+    try:
+        return tuple((st.st_size, st.st_mtime_ns) for st in (os.stat(data_dir / n) for n in files))
+    except OSError:
+        return None
+
+
+class _VerifiedLance(lance.LanceDataset):
+    """The warm dataset as DuckDB sees it: a scan first verifies every fragment it may read.
+
+    DuckDB calls ``scanner`` when a query actually reads the warm tier (not to bind a view), so a
+    query over ``meta`` only never pays for it, and each fragment is checked once per process.
+    """
+
+    _check: Any = None
+
+    @classmethod
+    def wrap(cls, ds: lance.LanceDataset, check: Any) -> _VerifiedLance:
+        out = cls.__new__(cls)
+        out.__dict__.update(ds.__dict__)  # the same native dataset handle: no re-open
+        out._check = check
+        return out
+
+    def scanner(self, *args: Any, **kwargs: Any) -> Any:
+        frags = kwargs.get("fragments")
+        ids = [f.fragment_id for f in (frags if frags is not None else self.get_fragments())]
+        self._check(ids)
+        return super().scanner(*args, **kwargs)
 
 
 def _lance_take(ds: lance.LanceDataset, addresses: np.ndarray, columns: list[str]) -> pa.Table:
@@ -74,6 +112,13 @@ class WarmTier:
         if (self.path / "_versions").exists():
             self._ds = self._open_latest()
         self._latest = self._ds  # the newest version written (ahead of _ds until published)
+        self._expected: dict[int, tuple[tuple[str, ...], int | None]] = {}  # fragment -> (files, crc32)
+        self._verified: dict[int, tuple] = {}  # fragment -> file signature when it last passed
+
+    @property
+    def buffer_dir(self) -> Path:
+        """The buffer directory (``<dir>/warm/rollouts.lance``): what the fix in errors names."""
+        return self.path.parent.parent
 
     @property
     def dataset(self) -> lance.LanceDataset | None:
@@ -85,7 +130,8 @@ class WarmTier:
         return self._ds.version if self._ds is not None else -1
 
     def arrow_source(self) -> lance.LanceDataset | pa.Table:
-        return self._ds if self._ds is not None else self.schema.empty_table()
+        """The published dataset for DuckDB; its scans verify the fragments first (see the module)."""
+        return _VerifiedLance.wrap(self._ds, self.ensure_verified) if self._ds is not None else self.schema.empty_table()
 
     def stage(self, table: pa.Table, part: int | None = None) -> Staged:
         """Write ``table`` as one new fragment and commit it (``part`` is ignored: Lance numbers it).
@@ -113,12 +159,13 @@ class WarmTier:
             frag = new[0]
             files = tuple(df.path for df in frag.data_files())
             data_dir = self.path / "data"
-            checksum = 0
-            nbytes = 0
-            for name in files:
-                p = data_dir / name
-                checksum = zlib.crc32(_crc32_file(p).to_bytes(4, "little"), checksum)
-                nbytes += p.stat().st_size
+            checksum = fragment_checksum(data_dir, files)
+            nbytes = sum((data_dir / name).stat().st_size for name in files)
+            # the crc was just taken from the bytes on disk: the fragment starts out verified
+            self._expected[frag.fragment_id] = (files, checksum)
+            sig = _signature(data_dir, files)
+            if sig is not None:
+                self._verified[frag.fragment_id] = sig
             self._latest = ds
             return Staged(part=frag.fragment_id, rows=table.num_rows, nbytes=nbytes, files=files, checksum=checksum,
                           handle=ds)
@@ -146,12 +193,14 @@ class WarmTier:
         if ds is None:
             raise CorruptionError(f"warm tier {self.path} has no dataset but the index points into it")
         frags = where.part
+        self.ensure_verified(np.unique(frags).tolist())
         addresses = (frags << np.int64(32)) | rows.astype(np.int64)
         try:
             out = _lance_take(ds, addresses, columns)
         except (OSError, ValueError, RuntimeError) as e:
             bad = self._first_unreadable(ds, np.unique(frags), columns)
-            raise CorruptionError(f"cannot read warm fragment {bad} ({self._files_of(ds, bad)}): {e}") from e
+            raise CorruptionError(f"cannot read warm fragment {bad} ({self._files_of(ds, bad)}): {e}; "
+                                  f"{repair_hint(self.buffer_dir)}") from e
         if out.num_rows != len(rows):
             raise CorruptionError(f"warm tier {self.path} returned {out.num_rows} of {len(rows)} rows asked for")
         return out
@@ -189,17 +238,51 @@ class WarmTier:
             op = lance.LanceOperation.Delete(updated_fragments=[], deleted_fragment_ids=list(fragment_ids), predicate="false")
             lance.LanceDataset.commit(str(self.path), op, read_version=self._ds.version)
             self._ds = self._latest = self._open_latest()
+            for f in fragment_ids:
+                self._expected.pop(f, None)
+                self._verified.pop(f, None)
 
-    def verify(self, fragment_id: int, files: tuple[str, ...], checksum: int) -> None:
+    def verify(self, fragment_id: int, files: tuple[str, ...], checksum: int | None) -> None:
         """Recompute a fragment's checksum; raise ``CorruptionError`` naming the file on mismatch."""
-        crc = 0
+        data_dir = self.path / "data"
         for name in files:
-            p = self.path / "data" / name
-            if not p.exists():
-                raise CorruptionError(f"warm fragment {fragment_id}: data file {p} is missing")
-            crc = zlib.crc32(_crc32_file(p).to_bytes(4, "little"), crc)
-        if crc != checksum:
-            raise CorruptionError(f"warm fragment {fragment_id}: data file {', '.join(files)} fails its checksum")
+            if not (data_dir / name).exists():
+                raise CorruptionError(f"warm fragment {fragment_id}: data file {data_dir / name} is missing; "
+                                      f"{repair_hint(self.buffer_dir)}")
+        if checksum is not None and fragment_checksum(data_dir, files) != checksum:
+            raise CorruptionError(f"warm fragment {fragment_id}: data file {', '.join(files)} fails its checksum; "
+                                  f"{repair_hint(self.buffer_dir)}")
+
+    def expect(self, fragment_id: int, files: Sequence[str], checksum: int | None) -> None:
+        """The checksum a fragment must have (from the index, after a restart); checked on first read."""
+        self._expected[fragment_id] = (tuple(files), checksum)
+
+    def ensure_verified(self, fragment_ids: Sequence[int]) -> None:
+        """Verify each fragment not verified yet in this process (or whose files changed since).
+
+        One ``stat`` per data file for a fragment already verified; a full crc32 read otherwise.
+        A fragment the index never described cannot be verified and is refused.
+        """
+        data_dir = self.path / "data"
+        for f in fragment_ids:
+            f = int(f)
+            known = self._expected.get(f)
+            if known is None:
+                raise CorruptionError(f"warm fragment {f} has no checksum in the index (it is no batch's); "
+                                      f"{repair_hint(self.buffer_dir)}")
+            files, checksum = known
+            sig = _signature(data_dir, files)
+            if sig is not None and self._verified.get(f) == sig:
+                continue
+            self.verify(f, files, checksum)
+            self._verified[f] = sig
+
+    def fragment_keys(self, fragment_id: int) -> list[str]:
+        """The live keys of one fragment (recovery reads an orphan's keys before deciding its fate)."""
+        ds = self._latest if self._latest is not None else self._ds
+        if ds is None:
+            return []
+        return ds.get_fragment(fragment_id).to_table(columns=["key"]).column("key").to_pylist()
 
     def check_readable(self, columns: Sequence[str]) -> None:
         """Raise ``CorruptionError`` naming the first fragment whose ``columns`` cannot be read.
