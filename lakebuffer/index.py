@@ -281,8 +281,9 @@ class KeyIndex:
 
     def lookup(self, keys: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Batch ids, positions and a found-mask for ``keys`` (one RocksDB multi-get)."""
+        names = [b"k/" + k.encode() for k in keys]  # a key that is not UTF-8 is the caller's error (SchemaError)
         try:
-            raw = self._db.get([b"k/" + k.encode() for k in keys])
+            raw = self._db.get(names)
         except Exception as e:  # noqa: BLE001 - rocksdict raises bare Exception
             raise damaged(self.path, e) from e
         n = len(keys)
