@@ -25,11 +25,12 @@ import pyarrow as pa
 
 from . import samplers as _samplers
 from .catalog import Catalog
-from .engine import deletes, reads
+from .engine import deletes, priorities, reads
 from .engine.budget import Budget
 from .engine.dirlock import DirLock
 from .engine.ingest import Ingest
 from .engine.recovery import recover
+from .engine.retention import Retention
 from .engine.snapshots import Snapshots
 from .engine.state import BufferState
 from .engine.tasks import TaskQueue
@@ -65,12 +66,16 @@ class ReplayBuffer:
         key_prefix: str | None = None,
         duckdb_threads: int | None = None,
         progress: Any = None,
+        max_rows: int | None = None,
+        max_policy_lag: int | None = None,
     ) -> ReplayBuffer:
         """Open (creating or recovering) the buffer stored in directory ``path``.
 
         ``lake`` is the cold tier's fsspec URL (default ``<path>/lake``). An empty or missing ``path``
         whose ``run_id`` has committed snapshots in ``lake`` is restored from the last one, eagerly
         (every row written to the warm tier before ``open`` returns; ``progress(done, total)``).
+        Retention: past ``max_rows`` stored rows a push deletes the oldest, and rows more than
+        ``max_policy_lag`` versions behind the newest are deleted (from every tier and the lake).
         """
         options = {k: v for k, v in locals().items() if k not in ("cls", "path")}
         return cls(Path(path), BufferOptions(**options))
@@ -133,7 +138,11 @@ class ReplayBuffer:
         self._catalog.attach_tiers([s.hot, s.warm], s.lock)
         self._catalog.run_in_background(self.tasks, self.index.add_sample_counts,
                                         on_flushed=self._writeback.evict_past_high_mark)
+        self._catalog.persist_priorities_with(self.index.set_priorities)
+        self._retention = Retention(s, self._budget, self._writeback, max_rows=o.max_rows,
+                                    max_policy_lag=o.max_policy_lag)
         recover(s, self._writeback)
+        self._catalog.load_priorities(self.index.priorities())
         if fresh:
             self._snapshots.restore(o.progress)
         self._snapshots.refresh_cold()
@@ -185,7 +194,20 @@ class ReplayBuffer:
         ``SchemaError`` (nothing stored) or ``BackpressureError`` (nothing stored).
         """
         self._check()
-        return self._ingest.push(batch)
+        keys = self._ingest.push(batch)
+        self._retention.after_push()
+        return keys
+
+    def extend(self, batch: Any) -> pa.Array:
+        """TorchRL's name for ``push``: store a batch of rollouts, return their keys."""
+        return self.push(batch)
+
+    def update_priority(self, keys: Sequence[str] | pa.Array, priority: Any) -> int:
+        """Set the priority the ``priority`` sampler uses for these rollouts (TorchRL's
+        ``update_priority``): one value per key or a scalar; durable when it returns, kept across
+        reopens. Returns how many keys were set; ``KeyNotFoundError`` for an unknown key."""
+        self._check()
+        return priorities.update_priority(self._state, keys, priority)
 
     def delete(self, keys: Sequence[str] | pa.Array | None = None, where: str | None = None) -> int:
         """Delete rollouts by key and/or predicate; returns how many rows were deleted."""
@@ -220,13 +242,17 @@ class ReplayBuffer:
         columns: Sequence[str] | None = None,
         seed: int | None = 0,
         return_keys: bool = False,
+        return_info: bool = False,
         **options: Any,
-    ) -> pa.Table | pa.Array:
+    ) -> pa.Table | pa.Array | tuple[pa.Table | pa.Array, dict[str, pa.Array]]:
         """Choose ``n`` rollouts matching ``where`` with ``sampler`` and fetch ``columns``.
 
         Deterministic given ``seed`` and the buffer's contents. Raises ``NotEnoughRowsError`` when
         the predicate matches fewer rows than asked (and ``QueryError`` for a bad predicate).
         ``return_keys=True`` returns only the keys (fetch payload later with ``get``).
+        ``return_info=True`` returns ``(rows, info)`` as TorchRL does: ``info["keys"]``, and for
+        the ``priority`` sampler ``info["weights"]`` (importance weights, ``beta`` a sampler
+        option) and ``info["probabilities"]``.
         """
         self._check()
         strategy = _samplers.resolve(sampler, **options)
@@ -238,9 +264,10 @@ class ReplayBuffer:
             with catalog.counts_deferred():
                 keys = _samplers.draw(strategy, catalog, n, where, seed)
         catalog.record_replays(keys)
-        if return_keys:
-            return keys
-        return self.get(keys, columns)
+        out = keys if return_keys else self.get(keys, columns)
+        if return_info:
+            return out, strategy.info(catalog, keys, where)
+        return out
 
     def scan(
         self, where: str | None = None, columns: Sequence[str] | None = None, batch_size: int = 4096
@@ -303,6 +330,10 @@ class ReplayBuffer:
 
     def __len__(self) -> int:
         return self._catalog.count(None, "meta")
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        """Every stored rollout once, as record batches (``scan()`` with its defaults)."""
+        return self.scan()
 
     # lifecycle ----------------------------------------------------------------------------
     def close(self) -> None:

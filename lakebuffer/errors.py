@@ -49,3 +49,7 @@ class WorkerError(LakeBufferError, RuntimeError):
 
 class KeyNotFoundError(LakeBufferError, KeyError):
     """A requested rollout key is not in the buffer."""
+
+
+class OptionError(LakeBufferError, ValueError):
+    """An option or argument has a bad name or value (the message names it and what is allowed)."""

@@ -12,6 +12,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from .errors import OptionError
+
 DURABILITY = ("wal", "memory")
 
 
@@ -31,8 +33,14 @@ class BufferOptions:
     key_prefix: str | None = None
     duckdb_threads: int | None = None
     progress: Any = None
+    max_rows: int | None = None
+    max_policy_lag: int | None = None
 
     def __post_init__(self) -> None:
+        for name in ("max_rows", "max_policy_lag"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise OptionError(f"{name} must be a non-negative int or None, not {v!r}")
         if self.durability not in DURABILITY:
             raise ValueError(f"durability must be one of {DURABILITY}, not {self.durability!r}")
         if self.memory_limit_mb <= 0:
