@@ -24,6 +24,7 @@ from .errors import (
 )
 from .options import BufferOptions
 from .readers import RolloutReader
+from .results import Snapshot
 from .schema import ROLLOUT_SCHEMA
 
 __version__ = "0.1.0"
@@ -45,6 +46,7 @@ __all__ = [
     "ReplayBuffer",
     "RolloutReader",
     "SchemaError",
+    "Snapshot",
     "WorkerError",
     "samplers",
 ]

@@ -15,6 +15,7 @@ readers see and the hot tier change together under one lock (``BufferState.lock`
 
 from __future__ import annotations
 
+import html
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -23,6 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from . import display
 from . import samplers as _samplers
 from .catalog import Catalog
 from .engine import deletes, priorities, reads
@@ -39,6 +41,7 @@ from .errors import ClosedError, LakeError, SchemaError
 from .index import KeyIndex
 from .lake import Lake
 from .options import BufferOptions
+from .results import Snapshot
 from .schema import merge_schema, metadata_columns
 from .tiers import HotTier, WarmTier, WriteAheadLog
 
@@ -54,7 +57,7 @@ class ReplayBuffer:
         cls,
         path: str | os.PathLike,
         lake: str | None = None,
-        memory_limit_mb: float = 1024,
+        memory_limit_mb: float | None = 1024,
         snapshot_interval_s: float = 180,
         storage_options: dict | None = None,
         schema: pa.Schema | None = None,
@@ -113,7 +116,7 @@ class ReplayBuffer:
         self.schema = self._resolve_schema(o.schema)
         self.key_prefix = o.key_prefix or self.run_id
         self.durability = o.durability
-        self.memory_limit_bytes = o.memory_limit_bytes
+        self.memory_limit_bytes = self._resolve_budget(o)
         self.storage_options = o.storage_options
         self.lake_url = o.lake or str(self.path / "lake")
         self.lake = Lake(self.lake_url, o.storage_options)  # a missing bucket fails here, clearly
@@ -160,6 +163,17 @@ class ReplayBuffer:
                     part.close()
                 except Exception:  # noqa: BLE001 - already failing; the first error is what matters
                     pass
+
+    def _resolve_budget(self, o: BufferOptions) -> int:
+        """The RAM budget: as given (and remembered), or with ``memory_limit_mb=None`` (the CLI's tools)
+        the one the run was last opened with, so ``stats`` shows the run's budget, not a default."""
+        if o.memory_limit_mb is None:
+            stored = self.index.get_setting("memory_limit_bytes")
+            if stored is not None:
+                return int(stored.decode())
+            return o.memory_limit_bytes
+        self.index.put_setting("memory_limit_bytes", str(o.memory_limit_bytes).encode())
+        return o.memory_limit_bytes
 
     def _resolve_schema(self, user: pa.Schema | None) -> pa.Schema:
         stored = self.index.get_setting("schema")
@@ -292,15 +306,16 @@ class ReplayBuffer:
         return self._catalog.count(where)
 
     # cold tier ----------------------------------------------------------------------------
-    def snapshot(self, wait: bool = True, progress: Any = None) -> dict | None:
+    def snapshot(self, wait: bool = True, progress: Any = None) -> Snapshot | None:
         """Upload what is new since the last snapshot (and deletes) to the lake as one commit.
 
-        ``wait=True`` returns the committed manifest (None when nothing was new) and raises
-        ``LakeError`` on failure; ``wait=False`` queues it (p0) and returns None at once.
+        ``wait=True`` returns a ``Snapshot`` (id, the run's rows/files/bytes, lake; None when nothing
+        was new) and raises ``LakeError`` on failure; ``wait=False`` queues it (p0) and returns None.
         """
         self._check()
         fut = self._snapshots.submit(progress)
-        return fut.result() if wait else None
+        manifest = fut.result() if wait else None
+        return Snapshot.from_manifest(manifest, self.lake_url) if manifest else None
 
     def compact(self, target_file_bytes: int = 256 * 2**20, progress: Any = None) -> dict:
         """Rewrite this run's lake files into files of about ``target_file_bytes`` (see ``Lake.compact``)."""
@@ -367,5 +382,14 @@ class ReplayBuffer:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "open"
-        return f"ReplayBuffer({str(self.path)!r}, run_id={self.run_id!r}, {state})"
+        if self._closed:
+            return f"ReplayBuffer({str(self.path)!r}, run_id={self.run_id!r}, closed)"
+        st = self.stats()
+        return (f"ReplayBuffer({str(self.path)!r}, run_id={self.run_id!r}, rows={st['rows']} "
+                f"(hot {st['hot']['rows']}, warm {st['warm']['rows']}), lake={self.lake_url!r}, "
+                f"memory_limit_mb={self.memory_limit_bytes / 2**20:g}, open)")
+
+    def _repr_html_(self) -> str:
+        if self._closed:
+            return f"<pre>{html.escape(repr(self))}</pre>"
+        return display.stats_html(f"ReplayBuffer {self.run_id} at {self.path}", self.stats())
