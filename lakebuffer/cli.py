@@ -326,7 +326,7 @@ def compact(
         if as_json:
             console.print_json(json.dumps(res, default=str))
         else:
-            console.print("compaction: " + ", ".join(f"{k} {_short(v)}" for k, v in res.items()))
+            _print_compact(res)
 
     _run(go)
 
@@ -380,6 +380,19 @@ def fsck(
             raise typer.Exit(1)
 
     _run(go)
+
+
+def _print_compact(res: dict[str, Any]) -> None:
+    """Compaction totals (and one line per run) as text: before -> after."""
+
+    def line(r: dict[str, Any]) -> str:
+        return (f"files {r.get('files_before', '?')} -> {r.get('files_after', '?')}, rows {r.get('rows_before', '?')} -> "
+                f"{r.get('rows_after', '?')}, {_mb(r.get('bytes_before'))} -> {_mb(r.get('bytes_after'))}, "
+                f"{r.get('files_rewritten', 0)} rewritten, {r.get('files_written', 0)} written")
+
+    console.print(f"compaction: {line(res)}, {res.get('gc_removed', 0)} old files removed", highlight=False)
+    for run, r in sorted((res.get("runs") or {}).items()):
+        console.print(f"  run {run}: {line(r)}", highlight=False)
 
 
 def _print_fsck(report: dict[str, Any]) -> None:

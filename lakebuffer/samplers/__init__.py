@@ -55,18 +55,26 @@ def get(name: str, **options: Any) -> Sampler:
     return _build(cls, name, options)
 
 
-def _option_names(cls: type) -> list[str]:
+def _option_names(cls: type, base: Any = "uniform") -> list[str]:
     """The keyword options ``cls`` takes (a filtered sampler also passes its base's on)."""
     params = inspect.signature(cls.__init__).parameters.values()
     names = [p.name for p in params if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
     if issubclass(cls, FilteredSampler):
-        names += [n for n in _option_names(UniformSampler) if n not in names]
+        base_cls = _REGISTRY.get(base) if isinstance(base, str) else base if isinstance(base, type) else None
+        if base_cls is not None:
+            names += [n for n in _option_names(base_cls) if n not in names]
     return names
 
 
 def _build(cls: type[Sampler], name: str, options: dict[str, Any]) -> Sampler:
     """``cls(**options)``, with a misspelt option named against the sampler the user chose
     (a filtered sampler hands unknown options to its base, whose TypeError would name the base)."""
+    if issubclass(cls, FilteredSampler):  # check here: its base would report the bad option as its own
+        known = _option_names(cls, options.get("base", "uniform"))
+        unknown = [k for k in options if k not in known]
+        if unknown:
+            raise OptionError(f"sampler {name!r} has no option {unknown[0]!r}; its options: {', '.join(known)} "
+                              f"(see lakebuffer.samplers.{cls.__name__})")
     try:
         return cls(**options)
     except TypeError as e:
