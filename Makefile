@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: demo test test-integration lint bench bench-quick clean
+.PHONY: demo test wheel-check test-integration lint bench bench-quick clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q --ignore=tests/integration; rc=$$?; if [ $$rc -eq 5 ]; then echo 'pytest collected no tests' >&2; exit 1; fi; exit $$rc
+
+# the built wheel, installed non-editable in a fresh venv, run from outside the checkout
+wheel-check: $(VENV)/.installed
+	PYTHON=$(PY) .ci/wheel-check
 
 # torch (CPU, from the local wheel), verl (without its GPU stack), tensordict: the verl adapter and
 # torch DataLoader tests. Ray is in .[dev] already, so the Ray tests also run in `make test`.

@@ -117,14 +117,22 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--updates", type=int, default=8, help="PPO updates per step")
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--lag", type=int, default=2, help="replay rollouts of up to this many policy versions back")
-    ap.add_argument("--dir", default=None, help="buffer directory (default: a temporary one)")
+    ap.add_argument("--dir", default=None, help="buffer directory (default: a temporary one, removed at the end)")
     args = ap.parse_args(argv)
+    if args.dir is not None:
+        return run(args, Path(args.dir))
+    with tempfile.TemporaryDirectory(prefix="lakebuffer-grpo-") as tmp:  # leaves nothing behind in /tmp
+        result = run(args, Path(tmp))
+    result["dir"] = None
+    return result
 
+
+def run(args: argparse.Namespace, root: Path) -> dict:
+    """The loop itself, with its buffer and lake under ``root``."""
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     policy = TinyPolicy()
     opt = torch.optim.Adam(policy.parameters(), lr=1e-2)
-    root = Path(args.dir or tempfile.mkdtemp(prefix="lakebuffer-grpo-"))
     collate = partial(pad_collate, pad_token_id=0)
     history = []
     t0 = time.perf_counter()

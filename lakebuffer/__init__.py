@@ -16,6 +16,7 @@ from .errors import (
     LakeError,
     LockedError,
     NotEnoughRowsError,
+    OptionError,
     QueryError,
     ReadOnlyError,
     SchemaError,
@@ -24,6 +25,7 @@ from .errors import (
 )
 from .options import BufferOptions
 from .readers import RolloutReader
+from .results import Snapshot
 from .schema import ROLLOUT_SCHEMA
 
 __version__ = "0.1.0"
@@ -39,11 +41,13 @@ __all__ = [
     "LakeError",
     "LockedError",
     "NotEnoughRowsError",
+    "OptionError",
     "QueryError",
     "ReadOnlyError",
     "ReplayBuffer",
     "RolloutReader",
     "SchemaError",
+    "Snapshot",
     "StorageError",
     "WorkerError",
     "samplers",

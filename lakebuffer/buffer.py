@@ -15,6 +15,7 @@ readers see and the hot tier change together under one lock (``BufferState.lock`
 
 from __future__ import annotations
 
+import html
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -23,13 +24,15 @@ from typing import Any
 
 import pyarrow as pa
 
+from . import display
 from . import samplers as _samplers
 from .catalog import Catalog
-from .engine import deletes, reads
+from .engine import deletes, priorities, reads
 from .engine.budget import Budget
 from .engine.dirlock import DirLock
 from .engine.ingest import Ingest
 from .engine.recovery import recover, refuse_damaged_index
+from .engine.retention import Retention
 from .engine.snapshots import Snapshots
 from .engine.state import BufferState
 from .engine.tasks import TaskQueue
@@ -38,6 +41,7 @@ from .errors import ClosedError, LakeError, SchemaError
 from .index import KeyIndex
 from .lake import Lake
 from .options import BufferOptions
+from .results import Snapshot
 from .schema import merge_schema, metadata_columns
 from .tiers import HotTier, WarmTier, WriteAheadLog
 
@@ -53,7 +57,7 @@ class ReplayBuffer:
         cls,
         path: str | os.PathLike,
         lake: str | None = None,
-        memory_limit_mb: float = 1024,
+        memory_limit_mb: float | None = 1024,
         snapshot_interval_s: float = 180,
         storage_options: dict | None = None,
         schema: pa.Schema | None = None,
@@ -65,12 +69,16 @@ class ReplayBuffer:
         key_prefix: str | None = None,
         duckdb_threads: int | None = None,
         progress: Any = None,
+        max_rows: int | None = None,
+        max_policy_lag: int | None = None,
     ) -> ReplayBuffer:
         """Open (creating or recovering) the buffer stored in directory ``path``.
 
         ``lake`` is the cold tier's fsspec URL (default ``<path>/lake``). An empty or missing ``path``
         whose ``run_id`` has committed snapshots in ``lake`` is restored from the last one, eagerly
         (every row written to the warm tier before ``open`` returns; ``progress(done, total)``).
+        Retention: past ``max_rows`` stored rows a push deletes the oldest, and rows more than
+        ``max_policy_lag`` versions behind the newest are deleted (from every tier and the lake).
         """
         options = {k: v for k, v in locals().items() if k not in ("cls", "path")}
         return cls(Path(path), BufferOptions(**options))
@@ -109,7 +117,7 @@ class ReplayBuffer:
         self.schema = self._resolve_schema(o.schema)
         self.key_prefix = o.key_prefix or self.run_id
         self.durability = o.durability
-        self.memory_limit_bytes = o.memory_limit_bytes
+        self.memory_limit_bytes = self._resolve_budget(o)
         self.storage_options = o.storage_options
         self.lake_url = o.lake or str(self.path / "lake")
         self.lake = Lake(self.lake_url, o.storage_options)  # a missing bucket fails here, clearly
@@ -134,7 +142,11 @@ class ReplayBuffer:
         self._catalog.attach_tiers([s.hot, s.warm], s.lock)
         self._catalog.run_in_background(self.tasks, self.index.add_sample_counts,
                                         on_flushed=self._writeback.evict_past_high_mark)
+        self._catalog.persist_priorities_with(self.index.set_priorities)
+        self._retention = Retention(s, self._budget, self._writeback, max_rows=o.max_rows,
+                                    max_policy_lag=o.max_policy_lag)
         recover(s, self._writeback)
+        self._catalog.load_priorities(self.index.priorities())
         if fresh:
             self._snapshots.restore(o.progress)
         self._snapshots.refresh_cold()
@@ -152,6 +164,17 @@ class ReplayBuffer:
                     part.close()
                 except Exception:  # noqa: BLE001 - already failing; the first error is what matters
                     pass
+
+    def _resolve_budget(self, o: BufferOptions) -> int:
+        """The RAM budget: as given (and remembered), or with ``memory_limit_mb=None`` (the CLI's tools)
+        the one the run was last opened with, so ``stats`` shows the run's budget, not a default."""
+        if o.memory_limit_mb is None:
+            stored = self.index.get_setting("memory_limit_bytes")
+            if stored is not None:
+                return int(stored.decode())
+            return o.memory_limit_bytes
+        self.index.put_setting("memory_limit_bytes", str(o.memory_limit_bytes).encode())
+        return o.memory_limit_bytes
 
     def _resolve_schema(self, user: pa.Schema | None) -> pa.Schema:
         stored = self.index.get_setting("schema")
@@ -186,7 +209,20 @@ class ReplayBuffer:
         ``SchemaError`` (nothing stored) or ``BackpressureError`` (nothing stored).
         """
         self._check()
-        return self._ingest.push(batch)
+        keys = self._ingest.push(batch)
+        self._retention.after_push()
+        return keys
+
+    def extend(self, batch: Any) -> pa.Array:
+        """TorchRL's name for ``push``: store a batch of rollouts, return their keys."""
+        return self.push(batch)
+
+    def update_priority(self, keys: Sequence[str] | pa.Array, priority: Any) -> int:
+        """Set the priority the ``priority`` sampler uses for these rollouts (TorchRL's
+        ``update_priority``): one value per key or a scalar; durable when it returns, kept across
+        reopens. Returns how many keys were set; ``KeyNotFoundError`` for an unknown key."""
+        self._check()
+        return priorities.update_priority(self._state, keys, priority)
 
     def delete(self, keys: Sequence[str] | pa.Array | None = None, where: str | None = None) -> int:
         """Delete rollouts by key and/or predicate; returns how many rows were deleted."""
@@ -221,13 +257,17 @@ class ReplayBuffer:
         columns: Sequence[str] | None = None,
         seed: int | None = 0,
         return_keys: bool = False,
+        return_info: bool = False,
         **options: Any,
-    ) -> pa.Table | pa.Array:
+    ) -> pa.Table | pa.Array | tuple[pa.Table | pa.Array, dict[str, pa.Array]]:
         """Choose ``n`` rollouts matching ``where`` with ``sampler`` and fetch ``columns``.
 
         Deterministic given ``seed`` and the buffer's contents. Raises ``NotEnoughRowsError`` when
         the predicate matches fewer rows than asked (and ``QueryError`` for a bad predicate).
         ``return_keys=True`` returns only the keys (fetch payload later with ``get``).
+        ``return_info=True`` returns ``(rows, info)`` as TorchRL does: ``info["keys"]``, and for
+        the ``priority`` sampler ``info["weights"]`` (importance weights, ``beta`` a sampler
+        option) and ``info["probabilities"]``.
         """
         self._check()
         strategy = _samplers.resolve(sampler, **options)
@@ -239,9 +279,10 @@ class ReplayBuffer:
             with catalog.counts_deferred():
                 keys = _samplers.draw(strategy, catalog, n, where, seed)
         catalog.record_replays(keys)
-        if return_keys:
-            return keys
-        return self.get(keys, columns)
+        out = keys if return_keys else self.get(keys, columns)
+        if return_info:
+            return out, strategy.info(catalog, keys, where)
+        return out
 
     def scan(
         self, where: str | None = None, columns: Sequence[str] | None = None, batch_size: int = 4096
@@ -267,15 +308,16 @@ class ReplayBuffer:
         return self._catalog.count(where)
 
     # cold tier ----------------------------------------------------------------------------
-    def snapshot(self, wait: bool = True, progress: Any = None) -> dict | None:
+    def snapshot(self, wait: bool = True, progress: Any = None) -> Snapshot | None:
         """Upload what is new since the last snapshot (and deletes) to the lake as one commit.
 
-        ``wait=True`` returns the committed manifest (None when nothing was new) and raises
-        ``LakeError`` on failure; ``wait=False`` queues it (p0) and returns None at once.
+        ``wait=True`` returns a ``Snapshot`` (id, the run's rows/files/bytes, lake; None when nothing
+        was new) and raises ``LakeError`` on failure; ``wait=False`` queues it (p0) and returns None.
         """
         self._check()
         fut = self._snapshots.submit(progress)
-        return fut.result() if wait else None
+        manifest = fut.result() if wait else None
+        return Snapshot.from_manifest(manifest, self.lake_url) if manifest else None
 
     def compact(self, target_file_bytes: int = 256 * 2**20, progress: Any = None) -> dict:
         """Rewrite this run's lake files into files of about ``target_file_bytes`` (see ``Lake.compact``)."""
@@ -305,6 +347,10 @@ class ReplayBuffer:
 
     def __len__(self) -> int:
         return self._catalog.count(None, "meta")
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        """Every stored rollout once, as record batches (``scan()`` with its defaults)."""
+        return self.scan()
 
     # lifecycle ----------------------------------------------------------------------------
     def close(self) -> None:
@@ -340,5 +386,14 @@ class ReplayBuffer:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "open"
-        return f"ReplayBuffer({str(self.path)!r}, run_id={self.run_id!r}, {state})"
+        if self._closed:
+            return f"ReplayBuffer({str(self.path)!r}, run_id={self.run_id!r}, closed)"
+        st = self.stats()
+        return (f"ReplayBuffer({str(self.path)!r}, run_id={self.run_id!r}, rows={st['rows']} "
+                f"(hot {st['hot']['rows']}, warm {st['warm']['rows']}), lake={self.lake_url!r}, "
+                f"memory_limit_mb={self.memory_limit_bytes / 2**20:g}, open)")
+
+    def _repr_html_(self) -> str:
+        if self._closed:
+            return f"<pre>{html.escape(repr(self))}</pre>"
+        return display.stats_html(f"ReplayBuffer {self.run_id} at {self.path}", self.stats())

@@ -10,7 +10,9 @@ so hot and warm are seen in one consistent state.
 
 It is also the one owner of replay counts: they are queued here (``record_replays``), handed to
 the index for persistence in the background, applied to ``meta`` in one UPDATE when a statement
-needs them or the queue is large, and merged into fetched rows (``live_counts``).
+needs them or the queue is large, and merged into fetched rows (``live_counts``). Priorities set
+by ``update_priority`` follow the same path (index for persistence, a ``priorities`` table here),
+but synchronously: a priority update is rare next to a replay and must hold when the call returns.
 """
 
 from __future__ import annotations
@@ -100,11 +102,14 @@ class Catalog:
         self._persist: Callable[[list[str], list[int]], None] | None = None
         self._on_flushed: Callable[[], None] = lambda: None
         self._flush_queued = False
+        self._persist_priorities: Callable[[list[str], list[float]], None] | None = None
+        self.keeps_priorities = native_meta
         self.memory_bytes = 0  # what DuckDB holds (``meta`` above all), as of the last insert or delete
         if native_meta:
             self.con.register("meta_seed", meta_schema.empty_table())
             self.con.execute(sql_text("meta_table"))
             self.con.unregister("meta_seed")
+            self.con.execute(sql_text("priority_table"))
             self._register_sources({"hot_data": self._empty, "warm_data": self._empty})
 
     # registration ------------------------------------------------------------------------
@@ -171,6 +176,8 @@ class Catalog:
             self._flush_pending()
             self.con.register("meta_gone", pa.table({"key": keys}))
             self.con.execute(sql_text("meta_delete"))
+            if self.keeps_priorities:
+                self.con.execute(render_sql("priority_delete", table="meta_gone"))
             self.con.unregister("meta_gone")
             self._measure_memory()
 
@@ -251,6 +258,45 @@ class Catalog:
             self._tasks.submit(P0, lambda: persist(counts.column("key").to_pylist(), counts.column("n").to_pylist()),
                                name="persist replay counts")
         self._maybe_flush()
+
+    # priorities (update_priority) --------------------------------------------------------
+    def persist_priorities_with(self, persist: Callable[[list[str], list[float]], None]) -> None:
+        """``persist(keys, priorities)`` makes set priorities durable (the index) before they apply."""
+        self._persist_priorities = persist
+
+    def set_priorities(self, keys: pa.Array, priorities: pa.Array, persist: bool = True) -> None:
+        """Replace the priority of each key (keys unique); persisted first, then visible to samplers."""
+        if len(keys) == 0:
+            return
+        if persist and self._persist_priorities is not None:
+            self._persist_priorities(keys.to_pylist(), priorities.to_pylist())
+        new = pa.table({"key": keys.cast(pa.string()), "priority": priorities.cast(pa.float64())})
+        with self.lock:
+            self.con.register("priority_new", new)
+            try:
+                self.con.execute("BEGIN")
+                self.con.execute(render_sql("priority_delete", table="priority_new"))
+                self.con.execute(sql_text("priority_insert"))
+                self.con.execute("COMMIT")
+            except BaseException:
+                self.con.execute("ROLLBACK")
+                raise
+            finally:
+                self.con.unregister("priority_new")
+            self._measure_memory()
+
+    def load_priorities(self, priorities: dict[str, float]) -> None:
+        """Priorities persisted before this open."""
+        if priorities:
+            self.set_priorities(pa.array(list(priorities), pa.string()), pa.array(list(priorities.values())),
+                                persist=False)
+
+    def priority_sql(self, default: str, source: str) -> str:
+        """SQL for a row's priority: the one ``update_priority`` set, else the ``default`` expression."""
+        if not self.keeps_priorities:
+            return f"({default})::DOUBLE"
+        # one line: templates may quote a field inside a -- comment
+        return render_sql("priority_of", source=source, default=default).strip()
 
     def live_counts(self, table: pa.Table) -> pa.Table:
         """``table`` with its ``sample_count`` replaced by the live count: ``meta``'s plus replays queued."""

@@ -129,6 +129,7 @@ def _open(path: str, lake: str | None = None, storage_options: dict | None = Non
 
     p = Path(path)
     if p.is_dir() and (p / "index").is_dir():
+        kw.setdefault("memory_limit_mb", None)  # the run's own budget, not a default
         return ReplayBuffer.open(p, lake=lake, storage_options=storage_options, snapshot_interval_s=0, **kw)
     opener = getattr(ReplayBuffer, "open_lake", None)
     if opener is None or ("://" not in path and not p.exists()):
@@ -199,12 +200,13 @@ def _demo(path: Path, memory_limit_mb: float, total_mb: float, fresh: bool) -> N
             task = prog.add_task("snapshot to the lake", total=None)
             m = buf.snapshot(wait=True, progress=lambda done, total: prog.update(task, completed=done, total=total))
         if m:
-            console.print(f"snapshot {m['snapshot_id']} committed to {buf.lake_url} ({len(m['files'])} Parquet files)")
+            console.print(f"snapshot {m.snapshot_id} committed to {buf.lake_url} ({m.files} Parquet files)")
         _print_stats(buf.stats())
 
 
 def _print_stats(st: dict[str, Any]) -> None:
-    rt = Table(title=f"lakebuffer {st.get('run_id', '')}", show_header=True, header_style="bold")
+    name = st.get("run_id") or st.get("url") or st.get("path") or ""
+    rt = Table(title=f"lakebuffer {name}".rstrip(), show_header=True, header_style="bold")
     for c in ("tier", "rows", "bytes", "files", "detail"):
         rt.add_column(c)
     hot, warm, cold = st.get("hot", {}), st.get("warm", {}), st.get("cold", {})
@@ -216,8 +218,12 @@ def _print_stats(st: dict[str, Any]) -> None:
     if cold:
         age = cold.get("last_snapshot_age_s")
         detail = f"snapshot {cold.get('last_snapshot_id')}" + (f", {age:.0f} s ago" if age is not None else "")
+        if isinstance(cold.get("last_snapshot_id"), dict):  # a lake: one id per run
+            ids = cold["last_snapshot_id"]
+            detail = f"{len(ids)} run(s), last snapshots " + ", ".join(f"{r}: {i}" for r, i in sorted(ids.items()))
+        url = cold.get("url") or st.get("url") or "-"
         rt.add_row("cold", str(cold.get("rows", 0)), _mb(cold.get("bytes", 0)), str(cold.get("files", 0)),
-                   f"{cold.get('url') or '-'} {detail}")
+                   f"{url} {detail}")
     console.print(rt)
     q = st.get("queues", {})
     if q:
@@ -234,6 +240,8 @@ def sql(
     source: str = typer.Argument(..., help="Buffer directory or lake URL."),
     query: str | None = typer.Argument(None, help="SQL over rollouts (and hot, warm, cold, meta)."),
     file: Path | None = typer.Option(None, "--file", "-f", help="Read the query from a .sql file."),
+    name: str | None = typer.Option(None, "--query", "-q",
+                                    help="Run an analysis query shipped with lakebuffer by name (e.g. policy_lag)."),
     fmt: str = typer.Option("table", "--format", help="table, csv, json or parquet."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Write the result to a file."),
     lake: str | None = typer.Option(None, envvar="LAKEBUFFER_LAKE"),
@@ -242,9 +250,15 @@ def sql(
     """Run DuckDB SQL over a buffer or a lake and print the result."""
 
     def go() -> None:
-        if (query is None) == (file is None):
-            raise ValueError("give a query or --file, not both")
-        text = file.read_text() if file is not None else query
+        from .resources import analysis_sql
+
+        if sum(x is not None for x in (query, file, name)) != 1:
+            raise ValueError("give exactly one of: a query, --file FILE, --query NAME")
+        if name is not None:
+            file_ = analysis_sql(name)
+        else:
+            file_ = file
+        text = file_.read_text() if file_ is not None else query
         with _open(source, _opt("lake", lake), _storage_options(storage_options)) as buf:
             _print_table(buf.sql(text), fmt, out)
 
@@ -284,7 +298,11 @@ def snapshot(
             with _progress() as prog:
                 task = prog.add_task("snapshot", total=None)
                 info = buf.snapshot(wait=True, progress=lambda done, total: prog.update(task, completed=done, total=total))
-            console.print(f"snapshot committed: {json.dumps(info, default=str) if info else 'nothing new'}")
+            if info is None:
+                console.print("snapshot committed: nothing new")
+            else:
+                console.print(f"snapshot {info.snapshot_id} committed to {info.lake}: run {info.run_id} now has "
+                              f"{info.rows} rows in {info.files} files ({_mb(info.bytes)})")
 
     _run(go)
 
@@ -295,6 +313,7 @@ def compact(
     lake: str | None = typer.Option(None, envvar="LAKEBUFFER_LAKE"),
     storage_options: str | None = typer.Option(None, envvar="LAKEBUFFER_STORAGE_OPTIONS"),
     target_mb: float = typer.Option(256, help="Target file size."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
 ) -> None:
     """Rewrite the lake's small files into large partitioned files."""
 
@@ -304,7 +323,10 @@ def compact(
                 task = prog.add_task("compact", total=None)
                 res = buf.compact(target_file_bytes=int(target_mb * 2**20),
                                   progress=lambda done, total: prog.update(task, completed=done, total=total))
-        console.print(f"compaction: {json.dumps(res, default=str)}")
+        if as_json:
+            console.print_json(json.dumps(res, default=str))
+        else:
+            _print_compact(res)
 
     _run(go)
 
@@ -342,6 +364,7 @@ def fsck(
     repair: bool = typer.Option(False, help="Repair what can be repaired (broken batches from the lake)."),
     lake: str | None = typer.Option(None, envvar="LAKEBUFFER_LAKE", help="Lake to rebuild from (default: the buffer's)."),
     storage_options: str | None = typer.Option(None, envvar="LAKEBUFFER_STORAGE_OPTIONS"),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Check index vs fragments vs WAL (and repair with --repair)."""
 
@@ -349,11 +372,43 @@ def fsck(
         from .fsck import check
 
         report = check(path, repair=repair, lake=_opt("lake", lake), storage_options=_storage_options(storage_options))
-        console.print_json(json.dumps(report, default=str))
+        if as_json:
+            console.print_json(json.dumps(report, default=str))
+        else:
+            _print_fsck(report)
         if report["problems"] and not repair:
             raise typer.Exit(1)
 
     _run(go)
+
+
+def _print_compact(res: dict[str, Any]) -> None:
+    """Compaction totals (and one line per run) as text: before -> after."""
+
+    def line(r: dict[str, Any]) -> str:
+        return (f"files {r.get('files_before', '?')} -> {r.get('files_after', '?')}, rows {r.get('rows_before', '?')} -> "
+                f"{r.get('rows_after', '?')}, {_mb(r.get('bytes_before'))} -> {_mb(r.get('bytes_after'))}, "
+                f"{r.get('files_rewritten', 0)} rewritten, {r.get('files_written', 0)} written")
+
+    console.print(f"compaction: {line(res)}, {res.get('gc_removed', 0)} old files removed", highlight=False)
+    for run, r in sorted((res.get("runs") or {}).items()):
+        console.print(f"  run {run}: {line(r)}", highlight=False)
+
+
+def _print_fsck(report: dict[str, Any]) -> None:
+    """The fsck report as lines a person reads: verdict, then each problem and repair."""
+    verdict = "[green]ok[/green]" if report.get("ok") else "[red]PROBLEMS[/red]"
+    console.print(f"fsck {report.get('path', '')}: {verdict}")
+    for key, value in report.items():
+        if key in ("ok", "path"):
+            continue
+        if isinstance(value, list):
+            console.print(f"  {key}: {len(value)}")
+            for item in value:
+                console.print(f"    - {_short(item) if not isinstance(item, dict) else json.dumps(item, default=str)}",
+                              highlight=False)
+        else:
+            console.print(f"  {key}: {_short(value)}", highlight=False)
 
 
 @app.command()

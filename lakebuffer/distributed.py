@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from .errors import LakeBufferError
+from .results import Snapshot
 from .schema import key_list, to_table
 
 
@@ -67,7 +68,7 @@ class _Shard:
     def delete(self, keys: list[str] | None, where: str | None) -> int:
         return self.buf.delete(keys=keys, where=where)
 
-    def snapshot(self) -> dict | None:
+    def snapshot(self) -> Snapshot | None:
         return self.buf.snapshot(wait=True)
 
     def flush(self) -> None:
@@ -275,7 +276,7 @@ class ShardedReplayBuffer:
     def delete(self, keys: Sequence[str] | None = None, where: str | None = None) -> int:
         return int(sum(self._call(lambda s: s.delete.remote(list(keys) if keys is not None else None, where))))
 
-    def snapshot(self) -> list[dict | None]:
+    def snapshot(self) -> list[Snapshot | None]:
         return self._call(lambda s: s.snapshot.remote())
 
     def flush(self) -> None:

@@ -121,3 +121,7 @@ def query_error(e: Exception) -> LakeBufferError:
     if marker in text:
         return CorruptionError(text[text.index(marker) + len(marker) :])
     return QueryError(f"{type(e).__name__}: {text}")
+
+
+class OptionError(LakeBufferError, ValueError):
+    """An option or argument has a bad name or value (the message names it and what is allowed)."""

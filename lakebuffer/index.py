@@ -9,6 +9,7 @@ Layout (one keyspace, prefixes keep scans cheap):
                       kept in a column family of its own ("meta"), so the multi-MB blobs never share
                       SST blocks with ``k/`` entries (a missed key lookup must stay a cheap read)
 ``sc/<key>``       -> ``>i`` replays of a rollout since its push
+``pr/<key>``       -> ``>d`` priority set by ``update_priority`` (absent: the sampler's expression)
 ``c/<name>``       -> counters (next key sequence, next batch id); ``s/<name>`` -> schema, run id
 ``p/<batch:>Q>``   -> an install in flight (written before its fragment, removed with its record), so
                       recovery can tell a crashed install's fragment from rows a damaged index lost
@@ -38,6 +39,7 @@ from .errors import CorruptionError, LakeBufferError, SchemaError, StorageError,
 _LOC = struct.Struct(">QI")
 _U64 = struct.Struct(">Q")
 _I32 = struct.Struct(">i")
+_F64 = struct.Struct(">d")
 
 
 @dataclass
@@ -249,6 +251,7 @@ class KeyIndex:
         for k in removed:
             wb.delete(b"k/" + k.encode())
             wb.delete(b"sc/" + k.encode())
+            wb.delete(b"pr/" + k.encode())
         for k, pos in positions.items():
             wb.put(b"k/" + k.encode(), _LOC.pack(bid, pos))
         if info.rows == 0:
@@ -265,6 +268,7 @@ class KeyIndex:
         for k in keys:
             wb.delete(b"k/" + k.encode())
             wb.delete(b"sc/" + k.encode())
+            wb.delete(b"pr/" + k.encode())
         wb.delete(_bkey(b"b/", batch_id))
         wb.delete(_bkey(b"m/", batch_id), self._meta_cf)
         self._db.write(wb)
@@ -278,6 +282,16 @@ class KeyIndex:
             for name, prev, c in zip(names, old, counts):
                 wb.put(name, _I32.pack((_I32.unpack(prev)[0] if prev is not None else 0) + int(c)))
             self._db.write(wb)
+
+    def set_priorities(self, keys: list[str], priorities: list[float]) -> None:
+        """Persist each key's priority (the last value set wins), atomically."""
+        wb = WriteBatch(raw_mode=True)
+        for k, p in zip(keys, priorities):
+            wb.put(b"pr/" + k.encode(), _F64.pack(float(p)))
+        self._db.write(wb)
+
+    def priorities(self) -> dict[str, float]:
+        return {k[3:].decode(): _F64.unpack(v)[0] for k, v in self._scan(b"pr/")}
 
     def lookup(self, keys: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Batch ids, positions and a found-mask for ``keys`` (one RocksDB multi-get)."""

@@ -7,6 +7,7 @@ is read-only, so ``max_reuse`` sees the counts as of each run's last snapshot.
 
 from __future__ import annotations
 
+import html
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -14,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset  # noqa: F401 - pa.dataset in annotations
 
-from . import predicate
+from . import display, predicate
 from . import samplers as _samplers
 from .catalog import Catalog, stream
 from .errors import ClosedError, KeyNotFoundError, ReadOnlyError
@@ -141,4 +142,14 @@ class LakeView:
         self.close()
 
     def __repr__(self) -> str:
-        return f"LakeView({self.url!r})"
+        if self._closed:
+            return f"LakeView({self.url!r}, closed)"
+        runs = self.lake.runs()
+        st = self.lake.stats(self.run_id)
+        only = f", run_id={self.run_id!r}" if self.run_id else ""
+        return f"LakeView({self.url!r}{only}, runs={runs!r}, rows={st['rows']}, files={st['files']})"
+
+    def _repr_html_(self) -> str:
+        if self._closed:
+            return f"<pre>{html.escape(repr(self))}</pre>"
+        return display.stats_html(f"LakeView {self.url}", self.stats())

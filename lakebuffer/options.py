@@ -12,7 +12,10 @@ from typing import Any
 
 import pyarrow as pa
 
+from .errors import OptionError
+
 DURABILITY = ("wal", "memory")
+DEFAULT_MEMORY_LIMIT_MB = 1024
 
 
 @dataclass(frozen=True)
@@ -20,7 +23,7 @@ class BufferOptions:
     """See ``ReplayBuffer.open`` for what each option means."""
 
     lake: str | None = None
-    memory_limit_mb: float = 1024
+    memory_limit_mb: float | None = 1024  # None: the budget the run was last opened with (tools)
     snapshot_interval_s: float | None = 180
     storage_options: dict | None = None
     schema: pa.Schema | None = None
@@ -31,16 +34,22 @@ class BufferOptions:
     key_prefix: str | None = None
     duckdb_threads: int | None = None
     progress: Any = None
+    max_rows: int | None = None
+    max_policy_lag: int | None = None
 
     def __post_init__(self) -> None:
+        for name in ("max_rows", "max_policy_lag"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise OptionError(f"{name} must be a non-negative int or None, not {v!r}")
         if self.durability not in DURABILITY:
             raise ValueError(f"durability must be one of {DURABILITY}, not {self.durability!r}")
-        if self.memory_limit_mb <= 0:
+        if self.memory_limit_mb is not None and self.memory_limit_mb <= 0:
             raise ValueError("memory_limit_mb must be positive")
 
     @property
     def memory_limit_bytes(self) -> int:
-        return int(self.memory_limit_mb * 2**20)
+        return int((self.memory_limit_mb if self.memory_limit_mb is not None else DEFAULT_MEMORY_LIMIT_MB) * 2**20)
 
     @property
     def periodic_snapshots(self) -> bool:

@@ -29,3 +29,15 @@ def render_sql(name: str, **fields: object) -> str:
     for k, v in fields.items():
         text = text.replace("{" + k + "}", str(v))
     return text
+
+
+def analysis_sql(name: str) -> Path:
+    """The installed ``sql/analysis/<name>.sql`` (``lakebuffer sql DIR --query NAME``)."""
+    from .errors import OptionError
+
+    folder = resource_dir("sql") / "analysis"
+    path = folder / f"{name}.sql"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in folder.glob("*.sql")))
+        raise OptionError(f"no analysis query named {name!r}; installed ones: {known}")
+    return path

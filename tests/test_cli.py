@@ -108,16 +108,16 @@ def test_env_vars_configure_commands(filled, tmp_path):
 
 
 def test_fsck_ok_and_broken(filled):
-    r = cli("fsck", str(filled))
+    r = cli("fsck", str(filled), "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["ok"] is True
     seg = sorted((filled / "wal").glob("*.arrow"))
     assert seg, "the fixture leaves hot batches (with WAL segments)"
     seg[0].unlink()  # a hot batch loses its WAL segment
-    r = cli("fsck", str(filled))
+    r = cli("fsck", str(filled), "--json")
     assert r.returncode == 1 and json.loads(r.stdout)["ok"] is False
     r = cli("fsck", str(filled), "--repair")
     assert r.returncode == 0
-    assert json.loads(cli("fsck", str(filled)).stdout)["ok"] is True
+    assert json.loads(cli("fsck", str(filled), "--json").stdout)["ok"] is True
     assert cli("fsck", "/no/such/dir").returncode == 1
 
 
@@ -148,3 +148,34 @@ def test_demo_bad_budget_and_toml_config(tmp_path):
     r = cli("--config", str(cfg), "snapshot", str(src))
     assert r.returncode == 0, r.stderr
     assert list(lake.rglob("*.parquet"))
+
+
+def test_sql_analysis_query_by_name_and_unknown_name(filled):
+    r = cli("sql", str(filled), "--query", "policy_lag", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert rows and {"lag", "rollouts"} <= set(rows[0])
+    r = cli("sql", str(filled), "--query", "no_such_analysis")
+    assert r.returncode == 1 and "policy_lag" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_stats_shows_the_runs_budget_and_a_lake_title(filled, tmp_path):
+    r = cli("stats", str(filled), "--json")
+    assert json.loads(r.stdout)["hot"]["limit_bytes"] == 2**20  # the fixture's memory_limit_mb=1
+    assert "1024.0 MB" not in cli("stats", str(filled)).stdout
+    lake = tmp_path / "lake"
+    assert cli("snapshot", str(filled), "--lake", str(lake)).returncode == 0
+    r = cli("stats", str(lake))
+    assert r.returncode == 0 and "lakebuffer None" not in r.stdout and str(lake.name) in r.stdout
+    assert cli("stats", str(filled), "--json", "true").returncode != 0  # a flag, takes no value
+
+
+def test_compact_and_fsck_print_text_unless_json(filled, tmp_path):
+    r = cli("fsck", str(filled))
+    assert r.returncode == 0 and "ok" in r.stdout and not r.stdout.lstrip().startswith("{")
+    lake = tmp_path / "lake"
+    assert cli("snapshot", str(filled), "--lake", str(lake)).returncode == 0
+    r = cli("compact", str(filled), "--lake", str(lake))
+    assert r.returncode == 0 and r.stdout.startswith("compaction: ") and "{" not in r.stdout
+    r = cli("compact", str(filled), "--lake", str(lake), "--json")
+    assert isinstance(json.loads(r.stdout), dict)

@@ -8,12 +8,14 @@ Importing this module never imports torch: the public classes are built on first
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..errors import OptionError
 from .collate import import_torch, one_batch
 from .filters import compile_predicate
 from .sharding import loader_worker, rank_world, seed_int
@@ -63,6 +65,8 @@ class _RolloutDataset:
         read_rows: int | None = None,
         unit: str = "file",
     ) -> None:
+        self._live = _is_live_buffer(source)
+        self._owner_pid = os.getpid()
         self.source = as_source(source, unit=unit)
         self.columns = resolve_columns(self.source, columns)
         compile_predicate(where, self.source.schema)  # fail early on a bad predicate
@@ -98,6 +102,8 @@ class _RolloutDataset:
 
     def iter_batches(self, worker_id: int | None = None, num_workers: int | None = None) -> Iterator[pa.RecordBatch]:
         """The raw record batches of this rank and worker (what ``__iter__`` collates)."""
+        if self._live:
+            refuse_foreign_process(self._owner_pid, "RolloutDataset")
         shard, num_shards = self.shard(worker_id, num_workers)
         self.last_stats = IterStats()
         return iter_batches(
@@ -116,6 +122,8 @@ class _RolloutDataset:
         torch = import_torch()
         if torch is None:
             raise ImportError("RolloutDataset.loader needs torch: pip install 'lakebuffer[torch]'")
+        if self._live and num_workers > 0:
+            raise OptionError(_LIVE_WORKERS.format(what="RolloutDataset", n=f"num_workers={num_workers}"))
         return torch.utils.data.DataLoader(self, batch_size=None, num_workers=num_workers, **kwargs)
 
 
@@ -144,6 +152,8 @@ class _SamplingDataset:
         if n_steps < 0 or batch_size <= 0:
             raise ValueError("n_steps must be >= 0 and batch_size positive")
         self.buffer = buffer
+        self._live = _is_live_buffer(buffer)
+        self._owner_pid = os.getpid()
         self.n_steps = int(n_steps)
         self.batch_size = int(batch_size)
         self.sampler = sampler
@@ -161,6 +171,8 @@ class _SamplingDataset:
         return self.n_steps
 
     def sample(self, step: int) -> pa.RecordBatch:
+        if self._live:
+            refuse_foreign_process(self._owner_pid, "SamplingDataset")
         table = self.buffer.sample(self.batch_size, where=self.where, sampler=self.sampler, columns=self.columns,
                                    seed=seed_int(self.seed, self.epoch, step), **self.sampler_options)
         return one_batch(table)
@@ -174,6 +186,28 @@ class _SamplingDataset:
     def __iter__(self) -> Iterator[Any]:
         for i in range(self.n_steps):
             yield self[i]
+
+
+_LIVE_WORKERS = (
+    "a {what} over a live ReplayBuffer cannot be read from another process ({n}): the buffer's DuckDB, "
+    "RocksDB and locks belong to the process that opened it. Use num_workers=0, or snapshot and read "
+    "the lake with workers: RolloutDataset(ReplayBuffer.open_lake(url), ...)"
+)
+
+
+def _is_live_buffer(source: Any) -> bool:
+    from ..buffer import ReplayBuffer
+
+    return isinstance(source, ReplayBuffer)
+
+
+def refuse_foreign_process(owner_pid: int, what: str) -> None:
+    """Raise ``OptionError`` when called in a process other than the one that opened the buffer
+    (a forked DataLoader worker): reading a live buffer there would silently use copied state."""
+    if os.getpid() != owner_pid:
+        _, workers = loader_worker()
+        n = f"num_workers={workers}" if workers > 1 else f"pid {os.getpid()}, opened in pid {owner_pid}"
+        raise OptionError(_LIVE_WORKERS.format(what=what, n=n))
 
 
 if TYPE_CHECKING:  # what type checkers see; at run time ``dataset_class`` builds them

@@ -8,11 +8,16 @@ the holder's pid written into the file, and a ``LockedError`` that names it.
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import filelock
 
 from ..errors import LockedError
+
+#: directories this process holds: a second open here must not blame "another process"
+_HELD: set[Path] = set()
+_HELD_LOCK = threading.Lock()
 
 
 def _write_pid(fd: int) -> None:
@@ -29,10 +34,16 @@ class DirLock:
         self._lock = filelock.FileLock(self.file, thread_local=False, preserve_lock_file=True, on_acquired=_write_pid)
 
     def acquire(self, hint: str = "one writer per buffer directory") -> DirLock:
-        try:
-            self._lock.acquire(timeout=0)
-        except filelock.Timeout:
-            raise LockedError(f"{self.path} is open in another process{self._holder()} ({hint})") from None
+        key = self.path.resolve()
+        with _HELD_LOCK:
+            if key in _HELD:
+                raise LockedError(f"{self.path} is already open in this process ({hint}): close the other "
+                                  "ReplayBuffer first, or share that one")
+            try:
+                self._lock.acquire(timeout=0)
+            except filelock.Timeout:
+                raise LockedError(f"{self.path} is open in another process{self._holder()} ({hint})") from None
+            _HELD.add(key)
         return self
 
     def _holder(self) -> str:
@@ -46,6 +57,8 @@ class DirLock:
         """Idempotent: close() calls it on every path."""
         if self._lock.is_locked:
             self._lock.release(force=True)
+            with _HELD_LOCK:
+                _HELD.discard(self.path.resolve())
 
     @property
     def held(self) -> bool:

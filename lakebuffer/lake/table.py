@@ -327,13 +327,18 @@ class Lake:
         return maintenance.verify(self, run_id)
 
     def stats(self, run_id: str | None = None) -> dict:
-        """Sizes from the latest manifests (no data read): rows counts file rows, tombstones not subtracted."""
+        """Sizes from the latest manifests (no data read). ``rows`` are the live rows: file rows minus
+        tombstoned keys (a key is tombstoned once, and only if a file holds it); ``file_rows`` both."""
         ms = self.log.select(run_id)
         files = [f for m in ms.values() for f in m["files"]]
+        file_rows = sum(int(f["rows"]) for f in files)
+        deleted = sum(int(d["rows"]) for m in ms.values() for d in m.get("delete_files", []))
         return {
             "runs": len(ms),
             "files": len(files),
-            "rows": sum(int(f["rows"]) for f in files),
+            "rows": file_rows - deleted,
+            "file_rows": file_rows,
+            "deleted_keys": deleted,
             "bytes": sum(int(f["bytes"]) for f in files),
             "delete_files": sum(len(m.get("delete_files", [])) for m in ms.values()),
             "last_snapshot_id": {r: m["snapshot_id"] for r, m in ms.items()},

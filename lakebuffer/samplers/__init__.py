@@ -12,11 +12,14 @@ are deterministic given the seed, and raise ``NotEnoughRowsError`` when short (u
 
 from __future__ import annotations
 
+import inspect
+import re
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from ..errors import OptionError
 from ..predicate import check
 from .base import Sampler
 from .episode import EpisodeSampler
@@ -48,8 +51,38 @@ def get(name: str, **options: Any) -> Sampler:
     try:
         cls = _REGISTRY[name]
     except KeyError:
-        raise ValueError(f"unknown sampler {name!r}; registered: {', '.join(sorted(_REGISTRY))}") from None
-    return cls(**options)
+        raise OptionError(f"unknown sampler {name!r}; registered: {', '.join(sorted(_REGISTRY))}") from None
+    return _build(cls, name, options)
+
+
+def _option_names(cls: type, base: Any = "uniform") -> list[str]:
+    """The keyword options ``cls`` takes (a filtered sampler also passes its base's on)."""
+    params = inspect.signature(cls.__init__).parameters.values()
+    names = [p.name for p in params if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+    if issubclass(cls, FilteredSampler):
+        base_cls = _REGISTRY.get(base) if isinstance(base, str) else base if isinstance(base, type) else None
+        if base_cls is not None:
+            names += [n for n in _option_names(base_cls) if n not in names]
+    return names
+
+
+def _build(cls: type[Sampler], name: str, options: dict[str, Any]) -> Sampler:
+    """``cls(**options)``, with a misspelt option named against the sampler the user chose
+    (a filtered sampler hands unknown options to its base, whose TypeError would name the base)."""
+    if issubclass(cls, FilteredSampler):  # check here: its base would report the bad option as its own
+        known = _option_names(cls, options.get("base", "uniform"))
+        unknown = [k for k in options if k not in known]
+        if unknown:
+            raise OptionError(f"sampler {name!r} has no option {unknown[0]!r}; its options: {', '.join(known)} "
+                              f"(see lakebuffer.samplers.{cls.__name__})")
+    try:
+        return cls(**options)
+    except TypeError as e:
+        m = re.search(r"unexpected keyword argument '(\w+)'", str(e))
+        if m is None:
+            raise
+        raise OptionError(f"sampler {name!r} has no option {m.group(1)!r}; its options: "
+                          f"{', '.join(_option_names(cls))} (see lakebuffer.samplers.{cls.__name__})") from None
 
 
 def names() -> list[str]:
@@ -62,7 +95,7 @@ def resolve(sampler: str | Sampler | type[Sampler] | None, **options: Any) -> Sa
     if isinstance(sampler, str):
         return get(sampler, **options)
     if isinstance(sampler, type) and issubclass(sampler, Sampler):
-        return sampler(**options)
+        return _build(sampler, sampler.name or sampler.__name__, options)
     if isinstance(sampler, Sampler):
         if options:
             raise TypeError("options are given to the sampler's constructor, not with an instance")

@@ -40,6 +40,11 @@ class Sampler(ABC):
     def sample(self, catalog: Catalog, n: int, where: str | None, rng: np.random.Generator) -> pa.Array:
         """Return the keys of the chosen rollouts (a string array, possibly with repeats)."""
 
+    def info(self, catalog: Catalog, keys: pa.Array, where: str | None) -> dict[str, pa.Array]:
+        """What ``sample(..., return_info=True)`` returns beside the rows: the keys drawn; weighted
+        samplers add importance weights."""
+        return {"keys": keys}
+
     @staticmethod
     def seed_from(rng: np.random.Generator) -> int:
         """A 63-bit seed for SQL-side hashing, drawn from the caller's RNG (keeps determinism)."""

@@ -1,0 +1,1 @@
+DELETE FROM priorities WHERE key IN (SELECT key FROM {table})

@@ -1,0 +1,1 @@
+INSERT INTO priorities SELECT key, priority FROM priority_new
