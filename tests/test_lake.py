@@ -22,6 +22,7 @@ from fsspec.implementations.local import LocalFileSystem
 from lakebuffer.errors import CorruptionError, LakeError, ReadOnlyError
 from lakebuffer.lake import Lake
 from lakebuffer.schema import ROLLOUT_SCHEMA
+from tests.test_predicate import PARTITION_HINT_CASES, UNHINTED_WHERES
 
 COLS = ROLLOUT_SCHEMA.names
 T0 = dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)
@@ -618,40 +619,13 @@ def test_prune_hint_lets_hive_readers_skip_other_buckets(tmp_path):
         lake.verify()
 
 
-@pytest.mark.parametrize(
-    ("size", "where", "hint"),
-    [
-        (1, "policy_version >= 7", "policy_bucket >= 7"),
-        (1, "policy_version > 7", "policy_bucket >= 8"),
-        (10, "policy_version > 9", "policy_bucket >= 1"),
-        (10, "policy_version < 10", "policy_bucket <= 0"),
-        (10, "policy_version <= 10", "policy_bucket <= 1"),
-        (10, "policy_version = 25", "policy_bucket = 2"),
-        (10, "15 <= policy_version", "policy_bucket >= 1"),
-        (10, "policy_version BETWEEN 5 AND 31", "policy_bucket BETWEEN 0 AND 3"),
-        (10, "policy_version IN (1, 12, 13)", "policy_bucket IN (0, 1)"),
-        (10, 'c."policy_version" >= 20', "c.policy_bucket >= 2"),
-        (1, "(reward > 0.5 AND (policy_version >= 3)) AND verified", "policy_bucket >= 3"),
-    ],
-)
+@pytest.mark.parametrize(("size", "where", "hint"), PARTITION_HINT_CASES)
 def test_prune_hint_rewrites(tmp_path, size, where, hint):
     lake = Lake(str(tmp_path / "lake"), policy_bucket_size=size)
     assert lake.prune_hint(where) == f"{where} AND {hint}"
 
 
-@pytest.mark.parametrize(
-    "where",
-    [
-        "reward > 0.5 OR policy_version >= 7",
-        "NOT policy_version >= 7",
-        "policy_version >= 7.5",
-        "policy_version <> 3",
-        "policy_version NOT BETWEEN 1 AND 3",
-        "prompt_id = 'policy_version >= 3'",
-        "",
-        "other_version >= 3",
-    ],
-)
+@pytest.mark.parametrize("where", [w for w in UNHINTED_WHERES if w is not None])
 def test_prune_hint_leaves_other_predicates_alone(tmp_path, where):
     assert Lake(str(tmp_path / "lake")).prune_hint(where) == where
 

@@ -97,9 +97,8 @@ def test_shape_ignores_numeric_literals_only():
     assert shape("key NOT IN (SELECT key FROM t)") == "key NOT IN ( SELECT key FROM t )"  # no check
 
 
-@pytest.mark.parametrize(
-    ("size", "where", "hint"),
-    [
+#: (bucket size, where, hint): the partition hints a where implies (Lake.prune_hint uses the same cases)
+PARTITION_HINT_CASES = [
         (1, "policy_version >= 7", "policy_bucket >= 7"),
         (1, "policy_version > 7", "policy_bucket >= 8"),
         (10, "policy_version > 9", "policy_bucket >= 1"),
@@ -115,15 +114,9 @@ def test_shape_ignores_numeric_literals_only():
         (1, "(reward > 0.5 AND (policy_version >= 3)) AND verified", "policy_bucket >= 3"),
         (1, "(a OR b) AND policy_version >= 3", "policy_bucket >= 3"),
         (1, "policy_version >= 3 AND policy_version < 5", "policy_bucket >= 3 AND policy_bucket <= 4"),
-    ],
-)
-def test_partition_hint_matches_the_lakes_prune_hint(size, where, hint):
-    assert partition_hint(where, "policy_version", "policy_bucket", size) == f"{where} AND {hint}"
-
-
-@pytest.mark.parametrize(
-    "where",
-    [
+]
+#: wheres that imply no hint and are returned as they are
+UNHINTED_WHERES = [
         "reward > 0.5 OR policy_version >= 7",
         "NOT policy_version >= 7",
         "policy_version >= 7.5",
@@ -137,8 +130,15 @@ def test_partition_hint_matches_the_lakes_prune_hint(size, where, hint):
         None,
         "other_version >= 3",
         "policy_version >= 3; DROP TABLE x",  # not a predicate: left for the real check to refuse
-    ],
-)
+]
+
+
+@pytest.mark.parametrize(("size", "where", "hint"), PARTITION_HINT_CASES)
+def test_partition_hint_matches_the_lakes_prune_hint(size, where, hint):
+    assert partition_hint(where, "policy_version", "policy_bucket", size) == f"{where} AND {hint}"
+
+
+@pytest.mark.parametrize("where", UNHINTED_WHERES)
 def test_partition_hint_leaves_other_predicates_alone(where):
     assert partition_hint(where, bucket_size=1) == where
 
