@@ -88,4 +88,10 @@ def test_quick_run_reports_every_system(tmp_path: Path) -> None:
     assert "vs_rocksdb_pickle" in sc["ingest"]["ratio"] and "vs_disk" in sc["ingest"]["ratio"]
     assert (tmp_path / "sample_latency-quick.png").stat().st_size > 0
     assert "ingest" in (tmp_path / "results.md").read_text()
+    ver = sc["verification"]  # both modes ran the same work; the verified one read every row it stored
+    for mode in ("verified", "unverified"):
+        assert "error" not in ver[mode], ver[mode]
+        assert ver[mode]["rows"] > 0 and ver[mode]["snapshot_s"] > 0 and ver[mode]["get_p50_s"] > 0
+    assert ver["verified"]["rows"] == ver["unverified"]["rows"]
+    assert all(v is not None and v > 0 for v in ver["ratio"].values()), ver["ratio"]
     assert summary(res).startswith("machine:")

@@ -195,6 +195,12 @@ def summary(results: dict[str, Any]) -> str:
                              f"{oob['logical_bytes'] / 1e6:.0f} MB" if oob else "never"])
         parts.append("### peak RSS\n" + _table(["system", "peak RSS MB", "peak anon MB", "data MB", "passes budget at"], rows)
                      + "\n\nratio: " + _ratios(r.get("ratio")))
+    r = sc.get("verification")
+    if r and "error" not in r:
+        rows = [[m, _f(r[m].get("snapshot_s"), 3), _f((r[m].get("get_p50_s") or 0) * 1e3, 2), _f(r[m].get("scan_s"), 3)]
+                for m in ("verified", "unverified") if isinstance(r.get(m), dict) and "error" not in r[m]]
+        parts.append("### verification cost\n" + _table(["reads", "snapshot s", "get p50 ms", "scan s"], rows)
+                     + "\n\nratio: " + _ratios(r.get("ratio")))
     if any(k in sc for k in ("ingest", "sample", "snapshot_restore", "peak_rss")):
         parts.append("### targets\n" + targets_table(results))
     return "\n\n".join(parts)
