@@ -32,6 +32,7 @@ from .engine.budget import Budget
 from .engine.dirlock import DirLock
 from .engine.ingest import Ingest
 from .engine.recovery import recover, refuse_damaged_index
+from .engine.replays import ReplayLog
 from .engine.retention import Retention
 from .engine.snapshots import Snapshots
 from .engine.state import BufferState
@@ -119,7 +120,9 @@ class ReplayBuffer:
         self.durability = o.durability
         self.memory_limit_bytes = self._resolve_budget(o)
         self.storage_options = o.storage_options
-        self.lake_url = o.lake or str(self.path / "lake")
+        restored_from = self.index.get_setting("restored_from")  # a restored run keeps its source lake
+        self.restored_from = restored_from.decode() if restored_from else None
+        self.lake_url = o.lake or self.restored_from or str(self.path / "lake")
         self.lake = Lake(self.lake_url, o.storage_options)  # a missing bucket fails here, clearly
         self.index.put_setting("lake", self.lake_url.encode())  # for fsck's repair from the lake (no secrets)
         self.meta_columns = metadata_columns(self.schema)
@@ -143,12 +146,17 @@ class ReplayBuffer:
         self._catalog.run_in_background(self.tasks, self.index.add_sample_counts,
                                         on_flushed=self._writeback.evict_past_high_mark)
         self._catalog.persist_priorities_with(self.index.set_priorities)
+        self._replays = ReplayLog(self.path / "replays", self._catalog, self.tasks)
         self._retention = Retention(s, self._budget, self._writeback, max_rows=o.max_rows,
                                     max_policy_lag=o.max_policy_lag)
         recover(s, self._writeback)
         self._catalog.load_priorities(self.index.priorities())
+        self._replays.load()
         if fresh:
             self._snapshots.restore(o.progress)
+            if self.index.get_setting("last_snapshot") is not None:
+                self.restored_from = self.lake_url
+                self.index.put_setting("restored_from", self.lake_url.encode())
         self._snapshots.refresh_cold()
         self._snapshots.start_timer()
 
@@ -279,10 +287,18 @@ class ReplayBuffer:
             with catalog.counts_deferred():
                 keys = _samplers.draw(strategy, catalog, n, where, seed)
         catalog.record_replays(keys)
+        self._replays.record(keys)
         out = keys if return_keys else self.get(keys, columns)
         if return_info:
             return out, strategy.info(catalog, keys, where)
         return out
+
+    def set_policy_version(self, version: int | None, step: int | None = None) -> None:
+        """Say which policy version (and trainer step) replays from now on: every later ``sample``
+        records it per drawn key in the ``replays`` table, so policy lag is measured at replay
+        (``replay_version - policy_version``), not against the newest version pushed."""
+        self._check()
+        self._replays.set_policy_version(version, step)
 
     def scan(
         self, where: str | None = None, columns: Sequence[str] | None = None, batch_size: int = 4096
@@ -338,7 +354,7 @@ class ReplayBuffer:
             "rows": hot["rows"] + warm["rows"],
             "hot": hot,
             "warm": warm,
-            "cold": self._snapshots.stats(),
+            "cold": self._snapshots.stats() | {"restored_from": self.restored_from},
             "wal": {"segments": len(self.wal.ids()), "bytes": self.wal.nbytes()},
             "catalog": {"bytes": self._catalog.memory_bytes},
             "queues": self.tasks.stats(),

@@ -13,6 +13,8 @@ the index for persistence in the background, applied to ``meta`` in one UPDATE w
 needs them or the queue is large, and merged into fetched rows (``live_counts``). Priorities set
 by ``update_priority`` follow the same path (index for persistence, a ``priorities`` table here),
 but synchronously: a priority update is rare next to a replay and must hold when the call returns.
+Replay events (who replayed what, when: ``engine/replays``) sit beside the counts in a ``replays``
+table, queued the same way and inserted before the next statement.
 """
 
 from __future__ import annotations
@@ -94,6 +96,7 @@ class Catalog:
         self._pending: list[pa.Table] = []
         self._pending_counts: list[pa.Table] = []
         self._pending_count_rows = 0
+        self._pending_replays: list[pa.Table] = []
         self._local = threading.local()
         self._tiers: Sequence[Tier] = ()
         self._tiers_lock: Any = threading.RLock()
@@ -110,6 +113,7 @@ class Catalog:
             self.con.execute(sql_text("meta_table"))
             self.con.unregister("meta_seed")
             self.con.execute(sql_text("priority_table"))
+            self.con.execute(sql_text("replay_table"))
             self._register_sources({"hot_data": self._empty, "warm_data": self._empty})
 
     # registration ------------------------------------------------------------------------
@@ -190,6 +194,21 @@ class Catalog:
         with self.lock:
             self._pending_counts.append(counts)
             self._pending_count_rows += counts.num_rows
+
+    def add_replay_events(self, events: pa.Table) -> None:
+        """Queue replay events (``engine.replays.REPLAY_SCHEMA``); inserted before the next statement."""
+        with self.lock:
+            self._pending_replays.append(events)
+
+    def _flush_replays(self) -> None:
+        if not self._pending_replays:
+            return
+        self.con.register("replays_new", pa.concat_tables(self._pending_replays))
+        try:
+            self.con.execute("INSERT INTO replays SELECT * FROM replays_new")
+        finally:
+            self.con.unregister("replays_new")
+        self._pending_replays.clear()
 
     @property
     def pending(self) -> tuple[int, int]:
@@ -355,6 +374,7 @@ class Catalog:
         with self.lock:
             try:
                 self._flush_pending()
+                self._flush_replays()
                 if not getattr(self._local, "defer", False):
                     self._flush_counts()
                 for name, obj in tables.items():
