@@ -33,13 +33,12 @@ from .engine.dirlock import DirLock
 from .engine.ingest import Ingest
 from .engine.recovery import recover, refuse_damaged_index
 from .engine.retention import Retention
-from .engine.snapshots import Snapshots
+from .engine.snapshots import Snapshots, open_lake
 from .engine.state import BufferState
 from .engine.tasks import TaskQueue
 from .engine.writeback import WriteBack
 from .errors import ClosedError, LakeError, SchemaError
 from .index import KeyIndex
-from .lake import Lake
 from .options import BufferOptions
 from .results import Snapshot
 from .schema import merge_schema, metadata_columns
@@ -120,7 +119,8 @@ class ReplayBuffer:
         self.memory_limit_bytes = self._resolve_budget(o)
         self.storage_options = o.storage_options
         self.lake_url = o.lake or str(self.path / "lake")
-        self.lake = Lake(self.lake_url, o.storage_options)  # a missing bucket fails here, clearly
+        # a missing bucket fails here, clearly; a damaged lake leaves self.lake None (see open_lake)
+        self.lake, lake_error = open_lake(self.lake_url, o.storage_options)
         self.index.put_setting("lake", self.lake_url.encode())  # for fsck's repair from the lake (no secrets)
         self.meta_columns = metadata_columns(self.schema)
         self._catalog = Catalog(self.schema, self.meta_columns, threads=o.duckdb_threads)
@@ -138,7 +138,8 @@ class ReplayBuffer:
         self._writeback = WriteBack(s, self._budget)
         self._ingest = Ingest(s, self._budget, self._writeback, key_prefix=self.key_prefix,
                               push_timeout_s=o.push_timeout_s)
-        self._snapshots = Snapshots(s, self.lake, self.lake_url, self._writeback.installer, o.snapshot_interval_s)
+        self._snapshots = Snapshots(s, self.lake, self.lake_url, self._writeback.installer, o.snapshot_interval_s,
+                                    lake_error=lake_error, storage_options=o.storage_options)
         self._catalog.attach_tiers([s.hot, s.warm], s.lock)
         self._catalog.run_in_background(self.tasks, self.index.add_sample_counts,
                                         on_flushed=self._writeback.evict_past_high_mark)

@@ -20,7 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..errors import LakeError
+from ..errors import CorruptionError, LakeError
 from ..lake import Lake
 from ..schema import conform_restored
 from .reads import read_batch
@@ -58,25 +58,59 @@ def at_low_priority(fn: Any) -> Any:
     return pool.submit(fn).result()
 
 
+def open_lake(url: str, storage_options: dict | None) -> tuple[Lake | None, CorruptionError | None]:
+    """The buffer's lake, or (None, the error) when its stored files are damaged.
+
+    A damaged lake must not lock the user out of intact local tiers: the buffer opens without it,
+    reports the error in ``stats()["cold"]`` and retries at each snapshot. An unreachable or missing
+    lake still raises (``LakeError``): that is a configuration the user must see at once.
+    """
+    try:
+        return Lake(url, storage_options), None
+    except CorruptionError as e:
+        log.error("the lake %s is damaged; the buffer opens on its local tiers only: %s", url, e)
+        return None, e
+
+
+def damaged_lake(url: str, e: CorruptionError) -> LakeError:
+    return LakeError(
+        f"the lake {url} is damaged ({e}); the rows stay in the local tiers and snapshots are retried: "
+        "restore the damaged file from a copy or remove it (a removed manifest leaves the snapshot before it "
+        "as the latest), then snapshot again")
+
+
 class Snapshots:
     """The cold side of one buffer: snapshot, reconcile, restore, compact, and the lake's stats."""
 
-    def __init__(self, state: BufferState, lake: Lake, lake_url: str, installer: FragmentInstaller,
-                 interval_s: float | None) -> None:
+    def __init__(self, state: BufferState, lake: Lake | None, lake_url: str, installer: FragmentInstaller,
+                 interval_s: float | None, *, lake_error: CorruptionError | None = None,
+                 storage_options: dict | None = None) -> None:
         self.s = state
         self.lake = lake
         self.lake_url = lake_url
+        self.storage_options = storage_options
         self.installer = installer
         self.interval_s = interval_s
         self._snap_lock = threading.Lock()
         self._pending = False
         self._last: dict[str, Any] = {"id": None, "at": None, "error": None, "rows": 0, "files": 0, "bytes": 0}
+        if lake_error is not None:
+            self._last["error"] = str(damaged_lake(lake_url, lake_error))
         self._stop = threading.Event()
         self._timer: threading.Thread | None = None
 
     @property
     def periodic(self) -> bool:
         return bool(self.interval_s and self.interval_s > 0)
+
+    def _lake(self) -> Lake:
+        """The lake, reopened if it was damaged at open (``LakeError`` while it still is)."""
+        if self.lake is None:
+            try:
+                self.lake = Lake(self.lake_url, self.storage_options)
+            except CorruptionError as e:
+                raise damaged_lake(self.lake_url, e) from e
+        return self.lake
 
     # timer -------------------------------------------------------------------------------
     def start_timer(self) -> None:
@@ -116,7 +150,10 @@ class Snapshots:
     def snapshot_now(self, progress: Any = None) -> dict | None:
         with self._snap_lock:
             try:
-                return at_low_priority(lambda: self._snapshot_locked(progress))
+                try:
+                    return at_low_priority(lambda: self._snapshot_locked(progress))
+                except CorruptionError as e:  # a damaged manifest or settings file of the lake
+                    raise damaged_lake(self.lake_url, e) from e
             except LakeError as e:
                 self._last["error"] = str(e)
                 log.error("snapshot to %s failed (it is retried at the next one): %s", self.lake_url, e)
@@ -150,7 +187,7 @@ class Snapshots:
                     progress(done, total)
                 yield t
 
-        manifest = self.lake.commit_snapshot(
+        manifest = self._lake().commit_snapshot(
             s.run_id, rows(), tombstones, meta={"batches": pending, "next_seq": next_seq}, force=bool(tombstones)
         )
         with s.lock:
@@ -173,13 +210,14 @@ class Snapshots:
         s = self.s
         last = s.index.get_setting("last_snapshot")
         seen = int(last.decode()) if last else 0
-        newer = [sid for sid in self.lake.snapshots(s.run_id) if sid > seen]
+        lake = self._lake()
+        newer = [sid for sid in lake.snapshots(s.run_id) if sid > seen]
         if not newer:
             return
         with s.lock:
             infos = []
             for sid in newer:
-                for bid in self.lake.manifest(s.run_id, sid).get("meta", {}).get("batches", []):
+                for bid in lake.manifest(s.run_id, sid).get("meta", {}).get("batches", []):
                     info = s.batches.get(bid)
                     if info is not None and info.snapshot is None:
                         info.snapshot = sid
@@ -192,7 +230,12 @@ class Snapshots:
         """Fill a fresh directory with this run's rows as of its last committed snapshot."""
         s = self.s
         try:
-            manifest = self.lake.latest_manifest(s.run_id)
+            manifest = self._lake().latest_manifest(s.run_id)
+        except CorruptionError as e:
+            e = damaged_lake(self.lake_url, e)
+            self._last["error"] = str(e)
+            log.warning("cannot check the lake for run %r to restore: %s", s.run_id, e)
+            return
         except LakeError as e:
             log.warning("cannot check the lake for run %r to restore: %s", s.run_id, e)
             return
@@ -200,7 +243,7 @@ class Snapshots:
             return
         total = sum(int(f["rows"]) for f in manifest["files"])
         done = 0
-        for rb in self.lake.scan_batches(s.run_id, snapshot_id=manifest["snapshot_id"]):
+        for rb in self._lake().scan_batches(s.run_id, snapshot_id=manifest["snapshot_id"]):
             table = conform_restored(pa.Table.from_batches([rb]), s.schema, s.run_id)
             self.installer.install(table, snapshot=manifest["snapshot_id"])
             done += table.num_rows
@@ -216,10 +259,12 @@ class Snapshots:
     def refresh_cold(self) -> None:
         """Point the ``cold`` (this run) and ``lake`` (all runs) views at the committed snapshots."""
         try:
-            st = self.lake.stats(self.s.run_id)
-            self.s.catalog.register_lake(self.lake, self.s.run_id)
-        except LakeError as e:
+            lake = self._lake()
+            st = lake.stats(self.s.run_id)
+            self.s.catalog.register_lake(lake, self.s.run_id)
+        except (LakeError, CorruptionError) as e:
             log.warning("lake %s is not readable now: %s", self.lake_url, e)
+            self._last["error"] = str(damaged_lake(self.lake_url, e) if isinstance(e, CorruptionError) else e)
             return
         self._last.update(rows=st["rows"], files=st["files"], bytes=st["bytes"])
         if self._last["id"] is None:
@@ -236,8 +281,9 @@ class Snapshots:
     def compact(self, target_file_bytes: int, progress: Any) -> dict:
         """Rewrite this run's lake files (see ``Lake.compact``), then gc files replaced > 1 h ago."""
         with self._snap_lock:
-            res = self.lake.compact(self.s.run_id, target_file_bytes=target_file_bytes, progress=progress)
+            lake = self._lake()
+            res = lake.compact(self.s.run_id, target_file_bytes=target_file_bytes, progress=progress)
             # files replaced more than an hour ago (by earlier compactions) are no reader's any more
-            res["gc_removed"] = self.lake.gc(older_than_s=3600)
+            res["gc_removed"] = lake.gc(older_than_s=3600)
         self.refresh_cold()
         return res
