@@ -148,8 +148,7 @@ class ReplayBuffer:
                                     max_policy_lag=o.max_policy_lag)
         recover(s, self._writeback)
         self._catalog.load_priorities(self.index.priorities())
-        if fresh:
-            self._snapshots.restore(o.progress)
+        self._snapshots.restore(o.progress, fresh)  # or resume an interrupted one (refused if it cannot)
         self._snapshots.refresh_cold()
         self._snapshots.start_timer()
 

@@ -194,6 +194,9 @@ class KeyIndex:
     def put_setting(self, name: str, value: bytes) -> None:
         self._db[b"s/" + name.encode()] = value
 
+    def delete_setting(self, name: str) -> None:
+        del self._db[b"s/" + name.encode()]
+
     # writes ------------------------------------------------------------------------------
     def begin_install(self, batch_id: int) -> None:
         """Note an install in flight (before its fragment is written); ``record_batch`` clears it."""

@@ -63,3 +63,37 @@ def test_damaged_lake_leaves_local_tiers_open_and_reported(tmp_path, damage):
         buf.close()
     with lb.ReplayBuffer.open_lake(f"file://{lake_dir}") as view:
         assert sorted(view.sql("SELECT key FROM rollouts").column(0).to_pylist()) == sorted(first + second + more)
+
+
+# 6. an interrupted restore is resumed or refused, never half-open -------------------------------
+def test_restore_interrupted_by_an_s3_outage_is_refused_then_resumed(tmp_path, s3_server, s3_bucket):
+    url, opts = f"{s3_bucket}/lake", s3_server.storage_options
+    src = lb.ReplayBuffer.open(tmp_path / "src", lake=url, storage_options=opts, snapshot_interval_s=0,
+                               memory_limit_mb=1, run_id="rr")
+    keys = _fill(src, batches=40, rows=256, tokens=8)
+    src.evict_all()
+    src.snapshot(wait=True)
+    src.close()
+
+    seen: list[int] = []
+
+    def cut_after_first(done: int, total: int) -> None:
+        seen.append(done)
+        if len(seen) == 1:
+            s3_server.stop()  # the outage begins after the first batch is installed
+
+    dst = tmp_path / "dst"
+    try:
+        with pytest.raises(lb.LakeError, match="interrupted"):
+            lb.ReplayBuffer.open(dst, lake=url, storage_options=opts, snapshot_interval_s=0, run_id="rr",
+                                 progress=cut_after_first)
+        assert seen and seen[0] < len(keys)  # part of the run was installed when it failed
+        with pytest.raises(lb.LakeError, match="interrupted|cannot reach"):  # still down: refused, not half-open
+            lb.ReplayBuffer.open(dst, lake=url, storage_options=opts, snapshot_interval_s=0)
+    finally:
+        s3_server.start()
+    with lb.ReplayBuffer.open(dst, lake=url, storage_options=opts, snapshot_interval_s=0) as buf:
+        assert _keys(buf) == sorted(keys)  # resumed: every row once
+        new = buf.push(make_rollouts(4, tokens=8)).to_pylist()
+        assert not set(new) & set(keys)  # the key sequence continues past the lake's keys
+        assert buf.stats()["cold"]["last_error"] is None

@@ -30,6 +30,8 @@ from .writeback import FragmentInstaller
 
 log = logging.getLogger("lakebuffer")
 
+RESTORING = "restoring"  # index setting: the snapshot id of a restore not yet complete
+
 _SNAPSHOT_THREAD: ThreadPoolExecutor | None = None
 _SNAPSHOT_THREAD_LOCK = threading.Lock()
 
@@ -226,34 +228,64 @@ class Snapshots:
             s.index.put_setting("last_snapshot", str(newer[-1]).encode())
 
     # restore -------------------------------------------------------------------------------
-    def restore(self, progress: Any) -> None:
-        """Fill a fresh directory with this run's rows as of its last committed snapshot."""
+    def restore(self, progress: Any, fresh: bool) -> None:
+        """Fill a fresh directory with this run's rows as of its last committed snapshot, or finish
+        a restore that was interrupted (the ``restoring`` marker), before anything is served.
+
+        The marker (the snapshot id) is written before the first fragment and removed after the
+        last, and the key sequence is moved past the lake's keys before any fragment: a reopen
+        after an outage or a crash mid-restore resumes it (skipping rows already installed) or,
+        while the lake cannot be read, refuses to open, never serving part of the run.
+        """
         s = self.s
-        try:
-            manifest = self._lake().latest_manifest(s.run_id)
-        except CorruptionError as e:
-            e = damaged_lake(self.lake_url, e)
-            self._last["error"] = str(e)
-            log.warning("cannot check the lake for run %r to restore: %s", s.run_id, e)
+        marker = s.index.get_setting(RESTORING)
+        if not fresh and marker is None:
             return
-        except LakeError as e:
+        try:
+            lake = self._lake()
+            if marker is None:
+                manifest = lake.latest_manifest(s.run_id)
+            else:
+                manifest = lake.manifest(s.run_id, int(marker.decode()))
+        except (LakeError, CorruptionError) as e:
+            if marker is not None:
+                raise self._interrupted(None, None, e) from e
+            self._last["error"] = str(damaged_lake(self.lake_url, e) if isinstance(e, CorruptionError) else e)
             log.warning("cannot check the lake for run %r to restore: %s", s.run_id, e)
             return
         if manifest is None:
             return
+        sid = manifest["snapshot_id"]
+        s.index.set_next_seq(int(manifest.get("meta", {}).get("next_seq", 0)))  # before any push
+        s.index.put_setting(RESTORING, str(sid).encode())
         total = sum(int(f["rows"]) for f in manifest["files"])
         done = 0
-        for rb in self._lake().scan_batches(s.run_id, snapshot_id=manifest["snapshot_id"]):
-            table = conform_restored(pa.Table.from_batches([rb]), s.schema, s.run_id)
-            self.installer.install(table, snapshot=manifest["snapshot_id"])
-            done += table.num_rows
-            if progress is not None:
-                progress(done, total)
-        s.index.set_next_seq(int(manifest.get("meta", {}).get("next_seq", 0)))
-        s.index.put_setting("last_snapshot", str(manifest["snapshot_id"]).encode())
-        self._last.update(id=manifest["snapshot_id"], at=None, error=None)
-        log.info("restored %d rollouts of run %r from %s (snapshot %s)", done, s.run_id, self.lake_url,
-                 manifest["snapshot_id"])
+        try:
+            for rb in lake.scan_batches(s.run_id, snapshot_id=sid):
+                table = conform_restored(pa.Table.from_batches([rb]), s.schema, s.run_id)
+                n = table.num_rows
+                if marker is not None:  # resuming: skip the rows an earlier attempt installed
+                    _, _, found = s.index.lookup(table.column("key").to_pylist())
+                    if found.any():
+                        table = table.filter(pa.array(~found))
+                if table.num_rows:
+                    self.installer.install(table, snapshot=sid)
+                done += n
+                if progress is not None:
+                    progress(done, total)
+        except (LakeError, CorruptionError) as e:
+            raise self._interrupted(done, total, e) from e
+        s.index.put_setting("last_snapshot", str(sid).encode())
+        s.index.delete_setting(RESTORING)
+        self._last.update(id=sid, at=None, error=None)
+        log.info("restored %d rollouts of run %r from %s (snapshot %s)", done, s.run_id, self.lake_url, sid)
+
+    def _interrupted(self, done: int | None, total: int | None, e: Exception) -> LakeError:
+        where = f" after {done} of {total} rows" if done is not None else ""
+        return LakeError(
+            f"the restore of run {self.s.run_id!r} into {self.s.path} from {self.lake_url} was interrupted{where} "
+            f"({e}); nothing is served until it completes: open the buffer again once the lake is reachable "
+            f"(the restore resumes where it stopped), or delete {self.s.path} to give it up")
 
     # the lake's views and stats ---------------------------------------------------------
     def refresh_cold(self) -> None:
