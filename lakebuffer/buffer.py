@@ -70,6 +70,8 @@ class ReplayBuffer:
         progress: Any = None,
         max_rows: int | None = None,
         max_policy_lag: int | None = None,
+        snapshot_max_rows: int | None = None,
+        snapshot_max_bytes: int | None = 512 * 2**20,
     ) -> ReplayBuffer:
         """Open (creating or recovering) the buffer stored in directory ``path``.
 
@@ -78,6 +80,8 @@ class ReplayBuffer:
         (every row written to the warm tier before ``open`` returns; ``progress(done, total)``).
         Retention: past ``max_rows`` stored rows a push deletes the oldest, and rows more than
         ``max_policy_lag`` versions behind the newest are deleted (from every tier and the lake).
+        A snapshot commits at most ``snapshot_max_rows`` rows / ``snapshot_max_bytes`` bytes; a backlog
+        is drained in such steps, back to back (``stats()["cold"]`` reports ``lag_rows``/``lag_s``).
         """
         options = {k: v for k, v in locals().items() if k not in ("cls", "path")}
         return cls(Path(path), BufferOptions(**options))
@@ -139,7 +143,8 @@ class ReplayBuffer:
         self._ingest = Ingest(s, self._budget, self._writeback, key_prefix=self.key_prefix,
                               push_timeout_s=o.push_timeout_s)
         self._snapshots = Snapshots(s, self.lake, self.lake_url, self._writeback.installer, o.snapshot_interval_s,
-                                    lake_error=lake_error, storage_options=o.storage_options)
+                                    lake_error=lake_error, storage_options=o.storage_options,
+                                    max_rows=o.snapshot_max_rows, max_bytes=o.snapshot_max_bytes)
         self._catalog.attach_tiers([s.hot, s.warm], s.lock)
         self._catalog.run_in_background(self.tasks, self.index.add_sample_counts,
                                         on_flushed=self._writeback.evict_past_high_mark)

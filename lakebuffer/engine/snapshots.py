@@ -86,11 +86,14 @@ class Snapshots:
 
     def __init__(self, state: BufferState, lake: Lake | None, lake_url: str, installer: FragmentInstaller,
                  interval_s: float | None, *, lake_error: CorruptionError | None = None,
-                 storage_options: dict | None = None) -> None:
+                 storage_options: dict | None = None, max_rows: int | None = None,
+                 max_bytes: int | None = None) -> None:
         self.s = state
         self.lake = lake
         self.lake_url = lake_url
         self.storage_options = storage_options
+        self.max_rows = max_rows
+        self.max_bytes = max_bytes
         self.installer = installer
         self.interval_s = interval_s
         self._snap_lock = threading.Lock()
@@ -138,22 +141,39 @@ class Snapshots:
                 return
 
     def _periodic(self) -> None:
+        """One bounded step; if the lake is still behind after it, the next step is queued at once
+        (back to back) instead of at the next tick, so a backlog drains as fast as the lake takes it."""
+        again = False
         try:
-            self.snapshot_now()
+            self.snapshot_now(steps=1)
+            again = self.behind() and not self._stop.is_set()
         finally:
-            with self.s.lock:
-                self._pending = False
+            if again:
+                try:
+                    self.s.tasks.submit(P0, self._periodic, name="periodic snapshot", surface=False)
+                except Exception:  # noqa: BLE001 - the queue is closing
+                    again = False
+            if not again:
+                with self.s.lock:
+                    self._pending = False
+
+    def behind(self) -> bool:
+        """Whether a stored batch is not in the lake yet."""
+        with self.s.lock:
+            return any(i.snapshot is None for i in self.s.batches.values())
 
     # snapshot ------------------------------------------------------------------------------
     def submit(self, progress: Any = None):
         """Queue a snapshot (p0); the future holds its manifest or its error."""
         return self.s.tasks.submit(P0, lambda: self.snapshot_now(progress), name="snapshot", surface=False)
 
-    def snapshot_now(self, progress: Any = None) -> dict | None:
+    def snapshot_now(self, progress: Any = None, steps: int | None = None) -> dict | None:
+        """Commit what is new, in steps of bounded size (``steps=None``: until every batch stored
+        when it started is in the lake); the last step's manifest (None when nothing was new)."""
         with self._snap_lock:
             try:
                 try:
-                    return at_low_priority(lambda: self._snapshot_locked(progress))
+                    return at_low_priority(lambda: self._snapshot_steps(progress, steps))
                 except CorruptionError as e:  # a damaged manifest or settings file of the lake
                     raise damaged_lake(self.lake_url, e) from e
             except LakeError as e:
@@ -164,15 +184,41 @@ class Snapshots:
                 self._last["error"] = f"{type(e).__name__}: {e}"
                 raise
 
-    def _snapshot_locked(self, progress: Any) -> dict | None:
+    def _snapshot_steps(self, progress: Any, steps: int | None) -> dict | None:
+        with self.s.lock:
+            last = max(self.s.batches, default=-1)
+        result = None
+        n = 0
+        while True:
+            manifest, more = self._snapshot_locked(progress, upto=last)
+            result = manifest or result
+            n += 1
+            if manifest is None or not more or (steps is not None and n >= steps):
+                return result
+
+    def _step(self, pending: list[int]) -> list[int]:
+        """The first batches of ``pending`` within the per-snapshot bounds (at least one)."""
+        rows = nbytes = 0
+        for i, bid in enumerate(pending):
+            info = self.s.batches[bid]
+            rows += info.rows
+            nbytes += info.nbytes
+            if i and ((self.max_rows and rows > self.max_rows) or (self.max_bytes and nbytes > self.max_bytes)):
+                return pending[:i]
+        return pending
+
+    def _snapshot_locked(self, progress: Any, upto: int | None = None) -> tuple[dict | None, bool]:
+        """One bounded commit; (its manifest, whether batches up to ``upto`` are still behind)."""
         s = self.s
         self.reconcile()
         with s.lock:
-            pending = sorted(b for b, i in s.batches.items() if i.snapshot is None)
+            behind = sorted(b for b, i in s.batches.items() if i.snapshot is None and (upto is None or b <= upto))
+            pending = self._step(behind)
             tombstones = s.index.tombstones()
             next_seq = s.index.next_seq
+        more = len(pending) < len(behind)
         if not pending and not tombstones:
-            return None
+            return None, False
         total = sum(s.batches[b].rows for b in pending if b in s.batches)
         done = 0
         included: list[int] = []
@@ -205,7 +251,7 @@ class Snapshots:
             s.index.put_setting("last_snapshot", str(manifest["snapshot_id"]).encode())
             self._last.update(id=manifest["snapshot_id"], at=time.time(), error=None)
             self.refresh_cold()
-        return manifest
+        return manifest, more
 
     def reconcile(self) -> None:
         """Mark batches a committed snapshot holds although the index missed it (crash after commit)."""
@@ -304,7 +350,12 @@ class Snapshots:
 
     def stats(self) -> dict[str, Any]:
         ls = self._last
+        with self.s.lock:
+            behind = [i for i in self.s.batches.values() if i.snapshot is None]
+        now = time.time()
         return {
+            "lag_rows": sum(i.rows for i in behind),
+            "lag_s": max(0.0, now - min(i.created_at for i in behind)) if behind else 0.0,
             "rows": ls["rows"], "files": ls["files"], "bytes": ls["bytes"], "last_snapshot_id": ls["id"],
             "last_snapshot_age_s": (time.time() - ls["at"]) if ls["at"] else None,
             "last_error": ls["error"], "url": self.lake_url,
