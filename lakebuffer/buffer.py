@@ -72,6 +72,7 @@ class ReplayBuffer:
         max_policy_lag: int | None = None,
         snapshot_max_rows: int | None = None,
         snapshot_max_bytes: int | None = 512 * 2**20,
+        lake_timeout_s: float | None = 120.0,
     ) -> ReplayBuffer:
         """Open (creating or recovering) the buffer stored in directory ``path``.
 
@@ -82,6 +83,8 @@ class ReplayBuffer:
         ``max_policy_lag`` versions behind the newest are deleted (from every tier and the lake).
         A snapshot commits at most ``snapshot_max_rows`` rows / ``snapshot_max_bytes`` bytes; a backlog
         is drained in such steps, back to back (``stats()["cold"]`` reports ``lag_rows``/``lag_s``).
+        ``lake_timeout_s`` bounds one snapshot or restore: past it they raise ``LakeError`` (a snapshot's
+        rows stay local and are retried).
         """
         options = {k: v for k, v in locals().items() if k not in ("cls", "path")}
         return cls(Path(path), BufferOptions(**options))
@@ -144,7 +147,8 @@ class ReplayBuffer:
                               push_timeout_s=o.push_timeout_s)
         self._snapshots = Snapshots(s, self.lake, self.lake_url, self._writeback.installer, o.snapshot_interval_s,
                                     lake_error=lake_error, storage_options=o.storage_options,
-                                    max_rows=o.snapshot_max_rows, max_bytes=o.snapshot_max_bytes)
+                                    max_rows=o.snapshot_max_rows, max_bytes=o.snapshot_max_bytes,
+                                    timeout_s=o.lake_timeout_s)
         self._catalog.attach_tiers([s.hot, s.warm], s.lock)
         self._catalog.run_in_background(self.tasks, self.index.add_sample_counts,
                                         on_flushed=self._writeback.evict_past_high_mark)

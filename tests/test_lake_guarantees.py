@@ -154,3 +154,40 @@ def test_periodic_snapshots_catch_up_under_continuous_pushes(tmp_path):
     finally:
         stop.set()
         buf.close()
+
+
+# 8. snapshot ends by its deadline against a stalled S3 endpoint ---------------------------------
+def test_snapshot_against_a_stalled_s3_ends_by_its_deadline_and_is_retried(tmp_path, s3_server, s3_bucket):
+    import time
+
+    url, opts = f"{s3_bucket}/lake", s3_server.storage_options  # per request: 30 s read timeout, 2 attempts
+    buf = lb.ReplayBuffer.open(tmp_path / "a", lake=url, storage_options=opts, snapshot_interval_s=0,
+                               memory_limit_mb=2, run_id="stall", lake_timeout_s=3)
+    try:
+        keys = _fill(buf)
+        s3_server.pause()  # moto stopped: the relay accepts connections, nothing answers
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(lb.LakeError, match="lake_timeout_s"):
+                buf.snapshot(wait=True)
+            assert time.monotonic() - t0 < 20  # the deadline, not 2 x 30 s of request timeouts
+            assert "lake_timeout_s" in buf.stats()["cold"]["last_error"]
+            assert _keys(buf) == sorted(keys)  # the rows are safe locally
+        finally:
+            s3_server.resume()
+        deadline = time.monotonic() + 120  # the retry carries the rows once the endpoint answers
+        while True:
+            try:
+                buf.snapshot(wait=True)
+                if buf.stats()["cold"]["lag_rows"] == 0:
+                    break
+            except lb.LakeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        assert buf.stats()["cold"]["rows"] == len(keys)
+    finally:
+        s3_server.resume()
+        buf.close()
+    with lb.ReplayBuffer.open_lake(url, storage_options=opts) as view:
+        assert sorted(view.sql("SELECT key FROM rollouts").column(0).to_pylist()) == sorted(keys)

@@ -16,6 +16,7 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import pyarrow as pa
@@ -44,8 +45,9 @@ def _renice(niceness: int = 10) -> None:
         pass
 
 
-def at_low_priority(fn: Any) -> Any:
-    """Run ``fn`` on the process's one snapshot thread, at a lower CPU priority, and wait for it.
+def at_low_priority(fn: Any, timeout_s: float | None = None) -> Any:
+    """Run ``fn`` on the process's one snapshot thread, at a lower CPU priority, and wait for it
+    (at most ``timeout_s``: then ``concurrent.futures.TimeoutError``, ``fn`` still running).
 
     A snapshot encodes Parquet for seconds; on a small machine it must not take the cores from the
     trainer's pushes and samples. Linux schedules threads one by one (the lake's encoder threads
@@ -57,7 +59,7 @@ def at_low_priority(fn: Any) -> Any:
         if _SNAPSHOT_THREAD is None:
             _SNAPSHOT_THREAD = ThreadPoolExecutor(1, thread_name_prefix="lakebuffer-snapshot", initializer=_renice)
         pool = _SNAPSHOT_THREAD
-    return pool.submit(fn).result()
+    return pool.submit(fn).result(timeout_s)
 
 
 def open_lake(url: str, storage_options: dict | None) -> tuple[Lake | None, CorruptionError | None]:
@@ -87,13 +89,14 @@ class Snapshots:
     def __init__(self, state: BufferState, lake: Lake | None, lake_url: str, installer: FragmentInstaller,
                  interval_s: float | None, *, lake_error: CorruptionError | None = None,
                  storage_options: dict | None = None, max_rows: int | None = None,
-                 max_bytes: int | None = None) -> None:
+                 max_bytes: int | None = None, timeout_s: float | None = None) -> None:
         self.s = state
         self.lake = lake
         self.lake_url = lake_url
         self.storage_options = storage_options
         self.max_rows = max_rows
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s  # the overall deadline of one snapshot() or restore
         self.installer = installer
         self.interval_s = interval_s
         self._snap_lock = threading.Lock()
@@ -170,12 +173,17 @@ class Snapshots:
     def snapshot_now(self, progress: Any = None, steps: int | None = None) -> dict | None:
         """Commit what is new, in steps of bounded size (``steps=None``: until every batch stored
         when it started is in the lake); the last step's manifest (None when nothing was new)."""
+        cancel = threading.Event()
         with self._snap_lock:
             try:
                 try:
-                    return at_low_priority(lambda: self._snapshot_steps(progress, steps))
+                    return at_low_priority(lambda: self._snapshot_steps(progress, steps, cancel), self.timeout_s)
                 except CorruptionError as e:  # a damaged manifest or settings file of the lake
                     raise damaged_lake(self.lake_url, e) from e
+                except FutureTimeout:
+                    # the upload stops at its next batch; if its commit still lands, reconcile() sees it
+                    cancel.set()
+                    raise self._overdue("snapshot") from None
             except LakeError as e:
                 self._last["error"] = str(e)
                 log.error("snapshot to %s failed (it is retried at the next one): %s", self.lake_url, e)
@@ -184,13 +192,21 @@ class Snapshots:
                 self._last["error"] = f"{type(e).__name__}: {e}"
                 raise
 
-    def _snapshot_steps(self, progress: Any, steps: int | None) -> dict | None:
+    def _overdue(self, what: str) -> LakeError:
+        return LakeError(
+            f"{what} to/from lake {self.lake_url} did not finish within lake_timeout_s={self.timeout_s:g} s (is the "
+            "endpoint stalled?); the rows are safe locally and a snapshot is retried at the next one: check the "
+            "endpoint, or open with a larger lake_timeout_s")
+
+    def _snapshot_steps(self, progress: Any, steps: int | None, cancel: threading.Event) -> dict | None:
         with self.s.lock:
             last = max(self.s.batches, default=-1)
         result = None
         n = 0
         while True:
-            manifest, more = self._snapshot_locked(progress, upto=last)
+            if cancel.is_set():
+                raise self._overdue("snapshot")
+            manifest, more = self._snapshot_locked(progress, upto=last, cancel=cancel)
             result = manifest or result
             n += 1
             if manifest is None or not more or (steps is not None and n >= steps):
@@ -207,7 +223,8 @@ class Snapshots:
                 return pending[:i]
         return pending
 
-    def _snapshot_locked(self, progress: Any, upto: int | None = None) -> tuple[dict | None, bool]:
+    def _snapshot_locked(self, progress: Any, upto: int | None = None,
+                         cancel: threading.Event | None = None) -> tuple[dict | None, bool]:
         """One bounded commit; (its manifest, whether batches up to ``upto`` are still behind)."""
         s = self.s
         self.reconcile()
@@ -226,6 +243,8 @@ class Snapshots:
         def rows():
             nonlocal done
             for bid in pending:
+                if cancel is not None and cancel.is_set():
+                    raise self._overdue("snapshot")  # before the commit: nothing is committed
                 t = read_batch(s, bid)
                 if t is None:
                     continue
@@ -306,8 +325,11 @@ class Snapshots:
         s.index.put_setting(RESTORING, str(sid).encode())
         total = sum(int(f["rows"]) for f in manifest["files"])
         done = 0
+        deadline = time.monotonic() + self.timeout_s if self.timeout_s else None
         try:
             for rb in lake.scan_batches(s.run_id, snapshot_id=sid):
+                if deadline is not None and time.monotonic() > deadline:
+                    raise self._overdue("restore")
                 table = conform_restored(pa.Table.from_batches([rb]), s.schema, s.run_id)
                 n = table.num_rows
                 if marker is not None:  # resuming: skip the rows an earlier attempt installed
