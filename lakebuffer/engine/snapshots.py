@@ -178,8 +178,6 @@ class Snapshots:
             try:
                 try:
                     return at_low_priority(lambda: self._snapshot_steps(progress, steps, cancel), self.timeout_s)
-                except CorruptionError as e:  # a damaged manifest or settings file of the lake
-                    raise damaged_lake(self.lake_url, e) from e
                 except FutureTimeout:
                     # the upload stops at its next batch; if its commit still lands, reconcile() sees it
                     cancel.set()
@@ -227,7 +225,10 @@ class Snapshots:
                          cancel: threading.Event | None = None) -> tuple[dict | None, bool]:
         """One bounded commit; (its manifest, whether batches up to ``upto`` are still behind)."""
         s = self.s
-        self.reconcile()
+        try:
+            self.reconcile()
+        except CorruptionError as e:  # a damaged manifest of the lake
+            raise damaged_lake(self.lake_url, e) from e
         with s.lock:
             behind = sorted(b for b, i in s.batches.items() if i.snapshot is None and (upto is None or b <= upto))
             pending = self._step(behind)
@@ -245,7 +246,11 @@ class Snapshots:
             for bid in pending:
                 if cancel is not None and cancel.is_set():
                     raise self._overdue("snapshot")  # before the commit: nothing is committed
-                t = read_batch(s, bid)
+                try:
+                    t = read_batch(s, bid)
+                except CorruptionError as e:
+                    local.append(e)  # a damaged local copy: its own error, not the lake's
+                    raise
                 if t is None:
                     continue
                 included.append(bid)
@@ -254,9 +259,15 @@ class Snapshots:
                     progress(done, total)
                 yield t
 
-        manifest = self._lake().commit_snapshot(
-            s.run_id, rows(), tombstones, meta={"batches": pending, "next_seq": next_seq}, force=bool(tombstones)
-        )
+        local: list[CorruptionError] = []
+        try:
+            manifest = self._lake().commit_snapshot(
+                s.run_id, rows(), tombstones, meta={"batches": pending, "next_seq": next_seq}, force=bool(tombstones)
+            )
+        except CorruptionError as e:
+            if e in local:
+                raise
+            raise damaged_lake(self.lake_url, e) from e
         with s.lock:
             infos = []
             for bid in included:
