@@ -34,13 +34,12 @@ from .engine.ingest import Ingest
 from .engine.recovery import recover, refuse_damaged_index
 from .engine.replays import ReplayLog
 from .engine.retention import Retention
-from .engine.snapshots import Snapshots
+from .engine.snapshots import Snapshots, open_lake
 from .engine.state import BufferState
 from .engine.tasks import TaskQueue
 from .engine.writeback import WriteBack
 from .errors import ClosedError, LakeError, SchemaError
 from .index import KeyIndex
-from .lake import Lake
 from .options import BufferOptions
 from .results import Snapshot
 from .schema import merge_schema, metadata_columns
@@ -72,6 +71,9 @@ class ReplayBuffer:
         progress: Any = None,
         max_rows: int | None = None,
         max_policy_lag: int | None = None,
+        snapshot_max_rows: int | None = None,
+        snapshot_max_bytes: int | None = 512 * 2**20,
+        lake_timeout_s: float | None = 120.0,
     ) -> ReplayBuffer:
         """Open (creating or recovering) the buffer stored in directory ``path``.
 
@@ -80,6 +82,10 @@ class ReplayBuffer:
         (every row written to the warm tier before ``open`` returns; ``progress(done, total)``).
         Retention: past ``max_rows`` stored rows a push deletes the oldest, and rows more than
         ``max_policy_lag`` versions behind the newest are deleted (from every tier and the lake).
+        A snapshot commits at most ``snapshot_max_rows`` rows / ``snapshot_max_bytes`` bytes; a backlog
+        is drained in such steps, back to back (``stats()["cold"]`` reports ``lag_rows``/``lag_s``).
+        ``lake_timeout_s`` bounds one snapshot or restore: past it they raise ``LakeError`` (a snapshot's
+        rows stay local and are retried).
         """
         options = {k: v for k, v in locals().items() if k not in ("cls", "path")}
         return cls(Path(path), BufferOptions(**options))
@@ -123,7 +129,8 @@ class ReplayBuffer:
         restored_from = self.index.get_setting("restored_from")  # a restored run keeps its source lake
         self.restored_from = restored_from.decode() if restored_from else None
         self.lake_url = o.lake or self.restored_from or str(self.path / "lake")
-        self.lake = Lake(self.lake_url, o.storage_options)  # a missing bucket fails here, clearly
+        # a missing bucket fails here, clearly; a damaged lake leaves self.lake None (see open_lake)
+        self.lake, lake_error = open_lake(self.lake_url, o.storage_options)
         self.index.put_setting("lake", self.lake_url.encode())  # for fsck's repair from the lake (no secrets)
         self.meta_columns = metadata_columns(self.schema)
         self._catalog = Catalog(self.schema, self.meta_columns, threads=o.duckdb_threads)
@@ -141,7 +148,10 @@ class ReplayBuffer:
         self._writeback = WriteBack(s, self._budget)
         self._ingest = Ingest(s, self._budget, self._writeback, key_prefix=self.key_prefix,
                               push_timeout_s=o.push_timeout_s)
-        self._snapshots = Snapshots(s, self.lake, self.lake_url, self._writeback.installer, o.snapshot_interval_s)
+        self._snapshots = Snapshots(s, self.lake, self.lake_url, self._writeback.installer, o.snapshot_interval_s,
+                                    lake_error=lake_error, storage_options=o.storage_options,
+                                    max_rows=o.snapshot_max_rows, max_bytes=o.snapshot_max_bytes,
+                                    timeout_s=o.lake_timeout_s)
         self._catalog.attach_tiers([s.hot, s.warm], s.lock)
         self._catalog.run_in_background(self.tasks, self.index.add_sample_counts,
                                         on_flushed=self._writeback.evict_past_high_mark)
@@ -152,11 +162,11 @@ class ReplayBuffer:
         recover(s, self._writeback)
         self._catalog.load_priorities(self.index.priorities())
         self._replays.load()
-        if fresh:
-            self._snapshots.restore(o.progress)
-            if self.index.get_setting("last_snapshot") is not None:
-                self.restored_from = self.lake_url
-                self.index.put_setting("restored_from", self.lake_url.encode())
+        restoring = fresh or self.index.get_setting("restoring") is not None
+        self._snapshots.restore(o.progress, fresh)  # or resume an interrupted one (refused if it cannot)
+        if restoring and self.restored_from is None and self.index.get_setting("last_snapshot") is not None:
+            self.restored_from = self.lake_url
+            self.index.put_setting("restored_from", self.lake_url.encode())
         self._snapshots.refresh_cold()
         self._snapshots.start_timer()
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import struct
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -53,6 +54,7 @@ class BatchInfo:
     checksum: int | None = None
     nbytes: int = 0
     snapshot: int | None = None  # id of the lake snapshot that holds this batch's rows
+    created_at: float = field(default_factory=time.time)  # when it was stored (the lake's lag in seconds)
 
 
 def _bkey(prefix: bytes, batch_id: int) -> bytes:
@@ -193,6 +195,9 @@ class KeyIndex:
 
     def put_setting(self, name: str, value: bytes) -> None:
         self._db[b"s/" + name.encode()] = value
+
+    def delete_setting(self, name: str) -> None:
+        del self._db[b"s/" + name.encode()]
 
     # writes ------------------------------------------------------------------------------
     def begin_install(self, batch_id: int) -> None:

@@ -36,8 +36,18 @@ class BufferOptions:
     progress: Any = None
     max_rows: int | None = None
     max_policy_lag: int | None = None
+    snapshot_max_rows: int | None = None  # per snapshot commit: a backlog is drained in steps
+    snapshot_max_bytes: int | None = 512 * 2**20
+    lake_timeout_s: float | None = 120.0  # overall deadline of one snapshot or restore
+
 
     def __post_init__(self) -> None:
+        if self.lake_timeout_s is not None and not self.lake_timeout_s > 0:
+            raise OptionError(f"lake_timeout_s must be positive or None, not {self.lake_timeout_s!r}")
+        for name in ("snapshot_max_rows", "snapshot_max_bytes"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise OptionError(f"{name} must be a positive int or None, not {v!r}")
         for name in ("max_rows", "max_policy_lag"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):

@@ -16,11 +16,12 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import pyarrow as pa
 
-from ..errors import LakeError
+from ..errors import CorruptionError, LakeError
 from ..lake import Lake
 from ..schema import conform_restored
 from .reads import read_batch
@@ -29,6 +30,8 @@ from .tasks import P0
 from .writeback import FragmentInstaller
 
 log = logging.getLogger("lakebuffer")
+
+RESTORING = "restoring"  # index setting: the snapshot id of a restore not yet complete
 
 _SNAPSHOT_THREAD: ThreadPoolExecutor | None = None
 _SNAPSHOT_THREAD_LOCK = threading.Lock()
@@ -42,8 +45,9 @@ def _renice(niceness: int = 10) -> None:
         pass
 
 
-def at_low_priority(fn: Any) -> Any:
-    """Run ``fn`` on the process's one snapshot thread, at a lower CPU priority, and wait for it.
+def at_low_priority(fn: Any, timeout_s: float | None = None) -> Any:
+    """Run ``fn`` on the process's one snapshot thread, at a lower CPU priority, and wait for it
+    (at most ``timeout_s``: then ``concurrent.futures.TimeoutError``, ``fn`` still running).
 
     A snapshot encodes Parquet for seconds; on a small machine it must not take the cores from the
     trainer's pushes and samples. Linux schedules threads one by one (the lake's encoder threads
@@ -55,28 +59,66 @@ def at_low_priority(fn: Any) -> Any:
         if _SNAPSHOT_THREAD is None:
             _SNAPSHOT_THREAD = ThreadPoolExecutor(1, thread_name_prefix="lakebuffer-snapshot", initializer=_renice)
         pool = _SNAPSHOT_THREAD
-    return pool.submit(fn).result()
+    return pool.submit(fn).result(timeout_s)
+
+
+def open_lake(url: str, storage_options: dict | None) -> tuple[Lake | None, CorruptionError | None]:
+    """The buffer's lake, or (None, the error) when its stored files are damaged.
+
+    A damaged lake must not lock the user out of intact local tiers: the buffer opens without it,
+    reports the error in ``stats()["cold"]`` and retries at each snapshot. An unreachable or missing
+    lake still raises (``LakeError``): that is a configuration the user must see at once.
+    """
+    try:
+        return Lake(url, storage_options), None
+    except CorruptionError as e:
+        log.error("the lake %s is damaged; the buffer opens on its local tiers only: %s", url, e)
+        return None, e
+
+
+def damaged_lake(url: str, e: CorruptionError) -> LakeError:
+    return LakeError(
+        f"the lake {url} is damaged ({e}); the rows stay in the local tiers and snapshots are retried: "
+        "restore the damaged file from a copy or remove it (a removed manifest leaves the snapshot before it "
+        "as the latest), then snapshot again")
 
 
 class Snapshots:
     """The cold side of one buffer: snapshot, reconcile, restore, compact, and the lake's stats."""
 
-    def __init__(self, state: BufferState, lake: Lake, lake_url: str, installer: FragmentInstaller,
-                 interval_s: float | None) -> None:
+    def __init__(self, state: BufferState, lake: Lake | None, lake_url: str, installer: FragmentInstaller,
+                 interval_s: float | None, *, lake_error: CorruptionError | None = None,
+                 storage_options: dict | None = None, max_rows: int | None = None,
+                 max_bytes: int | None = None, timeout_s: float | None = None) -> None:
         self.s = state
         self.lake = lake
         self.lake_url = lake_url
+        self.storage_options = storage_options
+        self.max_rows = max_rows
+        self.max_bytes = max_bytes
+        self.timeout_s = timeout_s  # the overall deadline of one snapshot() or restore
         self.installer = installer
         self.interval_s = interval_s
         self._snap_lock = threading.Lock()
         self._pending = False
         self._last: dict[str, Any] = {"id": None, "at": None, "error": None, "rows": 0, "files": 0, "bytes": 0}
+        if lake_error is not None:
+            self._last["error"] = str(damaged_lake(lake_url, lake_error))
         self._stop = threading.Event()
         self._timer: threading.Thread | None = None
 
     @property
     def periodic(self) -> bool:
         return bool(self.interval_s and self.interval_s > 0)
+
+    def _lake(self) -> Lake:
+        """The lake, reopened if it was damaged at open (``LakeError`` while it still is)."""
+        if self.lake is None:
+            try:
+                self.lake = Lake(self.lake_url, self.storage_options)
+            except CorruptionError as e:
+                raise damaged_lake(self.lake_url, e) from e
+        return self.lake
 
     # timer -------------------------------------------------------------------------------
     def start_timer(self) -> None:
@@ -102,21 +144,44 @@ class Snapshots:
                 return
 
     def _periodic(self) -> None:
+        """One bounded step; if the lake is still behind after it, the next step is queued at once
+        (back to back) instead of at the next tick, so a backlog drains as fast as the lake takes it."""
+        again = False
         try:
-            self.snapshot_now()
+            self.snapshot_now(steps=1)
+            again = self.behind() and not self._stop.is_set()
         finally:
-            with self.s.lock:
-                self._pending = False
+            if again:
+                try:
+                    self.s.tasks.submit(P0, self._periodic, name="periodic snapshot", surface=False)
+                except Exception:  # noqa: BLE001 - the queue is closing
+                    again = False
+            if not again:
+                with self.s.lock:
+                    self._pending = False
+
+    def behind(self) -> bool:
+        """Whether a stored batch is not in the lake yet."""
+        with self.s.lock:
+            return any(i.snapshot is None for i in self.s.batches.values())
 
     # snapshot ------------------------------------------------------------------------------
     def submit(self, progress: Any = None):
         """Queue a snapshot (p0); the future holds its manifest or its error."""
         return self.s.tasks.submit(P0, lambda: self.snapshot_now(progress), name="snapshot", surface=False)
 
-    def snapshot_now(self, progress: Any = None) -> dict | None:
+    def snapshot_now(self, progress: Any = None, steps: int | None = None) -> dict | None:
+        """Commit what is new, in steps of bounded size (``steps=None``: until every batch stored
+        when it started is in the lake); the last step's manifest (None when nothing was new)."""
+        cancel = threading.Event()
         with self._snap_lock:
             try:
-                return at_low_priority(lambda: self._snapshot_locked(progress))
+                try:
+                    return at_low_priority(lambda: self._snapshot_steps(progress, steps, cancel), self.timeout_s)
+                except FutureTimeout:
+                    # the upload stops at its next batch; if its commit still lands, reconcile() sees it
+                    cancel.set()
+                    raise self._overdue("snapshot") from None
             except LakeError as e:
                 self._last["error"] = str(e)
                 log.error("snapshot to %s failed (it is retried at the next one): %s", self.lake_url, e)
@@ -125,15 +190,53 @@ class Snapshots:
                 self._last["error"] = f"{type(e).__name__}: {e}"
                 raise
 
-    def _snapshot_locked(self, progress: Any) -> dict | None:
+    def _overdue(self, what: str) -> LakeError:
+        return LakeError(
+            f"{what} to/from lake {self.lake_url} did not finish within lake_timeout_s={self.timeout_s:g} s (is the "
+            "endpoint stalled?); the rows are safe locally and a snapshot is retried at the next one: check the "
+            "endpoint, or open with a larger lake_timeout_s")
+
+    def _snapshot_steps(self, progress: Any, steps: int | None, cancel: threading.Event) -> dict | None:
+        with self.s.lock:
+            last = max(self.s.batches, default=-1)
+        result = None
+        n = 0
+        while True:
+            if cancel.is_set():
+                raise self._overdue("snapshot")
+            manifest, more = self._snapshot_locked(progress, upto=last, cancel=cancel)
+            result = manifest or result
+            n += 1
+            if manifest is None or not more or (steps is not None and n >= steps):
+                return result
+
+    def _step(self, pending: list[int]) -> list[int]:
+        """The first batches of ``pending`` within the per-snapshot bounds (at least one)."""
+        rows = nbytes = 0
+        for i, bid in enumerate(pending):
+            info = self.s.batches[bid]
+            rows += info.rows
+            nbytes += info.nbytes
+            if i and ((self.max_rows and rows > self.max_rows) or (self.max_bytes and nbytes > self.max_bytes)):
+                return pending[:i]
+        return pending
+
+    def _snapshot_locked(self, progress: Any, upto: int | None = None,
+                         cancel: threading.Event | None = None) -> tuple[dict | None, bool]:
+        """One bounded commit; (its manifest, whether batches up to ``upto`` are still behind)."""
         s = self.s
-        self.reconcile()
+        try:
+            self.reconcile()
+        except CorruptionError as e:  # a damaged manifest of the lake
+            raise damaged_lake(self.lake_url, e) from e
         with s.lock:
-            pending = sorted(b for b, i in s.batches.items() if i.snapshot is None)
+            behind = sorted(b for b, i in s.batches.items() if i.snapshot is None and (upto is None or b <= upto))
+            pending = self._step(behind)
             tombstones = s.index.tombstones()
             next_seq = s.index.next_seq
+        more = len(pending) < len(behind)
         if not pending and not tombstones:
-            return None
+            return None, False
         total = sum(s.batches[b].rows for b in pending if b in s.batches)
         done = 0
         included: list[int] = []
@@ -141,7 +244,13 @@ class Snapshots:
         def rows():
             nonlocal done
             for bid in pending:
-                t = read_batch(s, bid)
+                if cancel is not None and cancel.is_set():
+                    raise self._overdue("snapshot")  # before the commit: nothing is committed
+                try:
+                    t = read_batch(s, bid)
+                except CorruptionError as e:
+                    local.append(e)  # a damaged local copy: its own error, not the lake's
+                    raise
                 if t is None:
                     continue
                 included.append(bid)
@@ -150,9 +259,15 @@ class Snapshots:
                     progress(done, total)
                 yield t
 
-        manifest = self.lake.commit_snapshot(
-            s.run_id, rows(), tombstones, meta={"batches": pending, "next_seq": next_seq}, force=bool(tombstones)
-        )
+        local: list[CorruptionError] = []
+        try:
+            manifest = self._lake().commit_snapshot(
+                s.run_id, rows(), tombstones, meta={"batches": pending, "next_seq": next_seq}, force=bool(tombstones)
+            )
+        except CorruptionError as e:
+            if e in local:
+                raise
+            raise damaged_lake(self.lake_url, e) from e
         with s.lock:
             infos = []
             for bid in included:
@@ -166,20 +281,21 @@ class Snapshots:
             s.index.put_setting("last_snapshot", str(manifest["snapshot_id"]).encode())
             self._last.update(id=manifest["snapshot_id"], at=time.time(), error=None)
             self.refresh_cold()
-        return manifest
+        return manifest, more
 
     def reconcile(self) -> None:
         """Mark batches a committed snapshot holds although the index missed it (crash after commit)."""
         s = self.s
         last = s.index.get_setting("last_snapshot")
         seen = int(last.decode()) if last else 0
-        newer = [sid for sid in self.lake.snapshots(s.run_id) if sid > seen]
+        lake = self._lake()
+        newer = [sid for sid in lake.snapshots(s.run_id) if sid > seen]
         if not newer:
             return
         with s.lock:
             infos = []
             for sid in newer:
-                for bid in self.lake.manifest(s.run_id, sid).get("meta", {}).get("batches", []):
+                for bid in lake.manifest(s.run_id, sid).get("meta", {}).get("batches", []):
                     info = s.batches.get(bid)
                     if info is not None and info.snapshot is None:
                         info.snapshot = sid
@@ -188,38 +304,78 @@ class Snapshots:
             s.index.put_setting("last_snapshot", str(newer[-1]).encode())
 
     # restore -------------------------------------------------------------------------------
-    def restore(self, progress: Any) -> None:
-        """Fill a fresh directory with this run's rows as of its last committed snapshot."""
+    def restore(self, progress: Any, fresh: bool) -> None:
+        """Fill a fresh directory with this run's rows as of its last committed snapshot, or finish
+        a restore that was interrupted (the ``restoring`` marker), before anything is served.
+
+        The marker (the snapshot id) is written before the first fragment and removed after the
+        last, and the key sequence is moved past the lake's keys before any fragment: a reopen
+        after an outage or a crash mid-restore resumes it (skipping rows already installed) or,
+        while the lake cannot be read, refuses to open, never serving part of the run.
+        """
         s = self.s
+        marker = s.index.get_setting(RESTORING)
+        if not fresh and marker is None:
+            return
         try:
-            manifest = self.lake.latest_manifest(s.run_id)
-        except LakeError as e:
+            lake = self._lake()
+            if marker is None:
+                manifest = lake.latest_manifest(s.run_id)
+            else:
+                manifest = lake.manifest(s.run_id, int(marker.decode()))
+        except (LakeError, CorruptionError) as e:
+            if marker is not None:
+                raise self._interrupted(None, None, e) from e
+            self._last["error"] = str(damaged_lake(self.lake_url, e) if isinstance(e, CorruptionError) else e)
             log.warning("cannot check the lake for run %r to restore: %s", s.run_id, e)
             return
         if manifest is None:
             return
+        sid = manifest["snapshot_id"]
+        s.index.set_next_seq(int(manifest.get("meta", {}).get("next_seq", 0)))  # before any push
+        s.index.put_setting(RESTORING, str(sid).encode())
         total = sum(int(f["rows"]) for f in manifest["files"])
         done = 0
-        for rb in self.lake.scan_batches(s.run_id, snapshot_id=manifest["snapshot_id"]):
-            table = conform_restored(pa.Table.from_batches([rb]), s.schema, s.run_id)
-            self.installer.install(table, snapshot=manifest["snapshot_id"])
-            done += table.num_rows
-            if progress is not None:
-                progress(done, total)
-        s.index.set_next_seq(int(manifest.get("meta", {}).get("next_seq", 0)))
-        s.index.put_setting("last_snapshot", str(manifest["snapshot_id"]).encode())
-        self._last.update(id=manifest["snapshot_id"], at=None, error=None)
-        log.info("restored %d rollouts of run %r from %s (snapshot %s)", done, s.run_id, self.lake_url,
-                 manifest["snapshot_id"])
+        deadline = time.monotonic() + self.timeout_s if self.timeout_s else None
+        try:
+            for rb in lake.scan_batches(s.run_id, snapshot_id=sid):
+                if deadline is not None and time.monotonic() > deadline:
+                    raise self._overdue("restore")
+                table = conform_restored(pa.Table.from_batches([rb]), s.schema, s.run_id)
+                n = table.num_rows
+                if marker is not None:  # resuming: skip the rows an earlier attempt installed
+                    _, _, found = s.index.lookup(table.column("key").to_pylist())
+                    if found.any():
+                        table = table.filter(pa.array(~found))
+                if table.num_rows:
+                    self.installer.install(table, snapshot=sid)
+                done += n
+                if progress is not None:
+                    progress(done, total)
+        except (LakeError, CorruptionError) as e:
+            raise self._interrupted(done, total, e) from e
+        s.index.put_setting("last_snapshot", str(sid).encode())
+        s.index.delete_setting(RESTORING)
+        self._last.update(id=sid, at=None, error=None)
+        log.info("restored %d rollouts of run %r from %s (snapshot %s)", done, s.run_id, self.lake_url, sid)
+
+    def _interrupted(self, done: int | None, total: int | None, e: Exception) -> LakeError:
+        where = f" after {done} of {total} rows" if done is not None else ""
+        return LakeError(
+            f"the restore of run {self.s.run_id!r} into {self.s.path} from {self.lake_url} was interrupted{where} "
+            f"({e}); nothing is served until it completes: open the buffer again once the lake is reachable "
+            f"(the restore resumes where it stopped), or delete {self.s.path} to give it up")
 
     # the lake's views and stats ---------------------------------------------------------
     def refresh_cold(self) -> None:
         """Point the ``cold`` (this run) and ``lake`` (all runs) views at the committed snapshots."""
         try:
-            st = self.lake.stats(self.s.run_id)
-            self.s.catalog.register_lake(self.lake, self.s.run_id)
-        except LakeError as e:
+            lake = self._lake()
+            st = lake.stats(self.s.run_id)
+            self.s.catalog.register_lake(lake, self.s.run_id)
+        except (LakeError, CorruptionError) as e:
             log.warning("lake %s is not readable now: %s", self.lake_url, e)
+            self._last["error"] = str(damaged_lake(self.lake_url, e) if isinstance(e, CorruptionError) else e)
             return
         self._last.update(rows=st["rows"], files=st["files"], bytes=st["bytes"])
         if self._last["id"] is None:
@@ -227,7 +383,12 @@ class Snapshots:
 
     def stats(self) -> dict[str, Any]:
         ls = self._last
+        with self.s.lock:
+            behind = [i for i in self.s.batches.values() if i.snapshot is None]
+        now = time.time()
         return {
+            "lag_rows": sum(i.rows for i in behind),
+            "lag_s": max(0.0, now - min(i.created_at for i in behind)) if behind else 0.0,
             "rows": ls["rows"], "files": ls["files"], "bytes": ls["bytes"], "last_snapshot_id": ls["id"],
             "last_snapshot_age_s": (time.time() - ls["at"]) if ls["at"] else None,
             "last_error": ls["error"], "url": self.lake_url,
@@ -236,8 +397,9 @@ class Snapshots:
     def compact(self, target_file_bytes: int, progress: Any) -> dict:
         """Rewrite this run's lake files (see ``Lake.compact``), then gc files replaced > 1 h ago."""
         with self._snap_lock:
-            res = self.lake.compact(self.s.run_id, target_file_bytes=target_file_bytes, progress=progress)
+            lake = self._lake()
+            res = lake.compact(self.s.run_id, target_file_bytes=target_file_bytes, progress=progress)
             # files replaced more than an hour ago (by earlier compactions) are no reader's any more
-            res["gc_removed"] = self.lake.gc(older_than_s=3600)
+            res["gc_removed"] = lake.gc(older_than_s=3600)
         self.refresh_cold()
         return res
