@@ -15,6 +15,7 @@ import fsspec
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 
 from ..errors import LakeBufferError, LakeError, ReadOnlyError, SchemaError
 from ..predicate import partition_hint
@@ -28,6 +29,7 @@ from .options import LakeOptions
 from .reader import BlockReader, copy_rows, files_with_keys
 from .rows import iter_input, schema_from_b64, with_run_id, without, without_columns
 from .tombstones import Tombstones
+from .verified import verified_fs
 from .writer import Writer
 
 
@@ -204,13 +206,13 @@ class Lake:
             schema = schema.append(PARTITION_FIELDS[1])
         return schema
 
-    def _fragment(self, run_id: str, entry: dict) -> ds.Fragment:
+    def _fragment(self, run_id: str, entry: dict, filesystem: pafs.FileSystem) -> ds.Fragment:
         expr = (ds.field("run_id") == run_id) & (ds.field("policy_bucket") == int(entry["policy_bucket"]))
         if entry.get("min_policy_version") is not None:
             expr = expr & (ds.field("policy_version") >= int(entry["min_policy_version"]))
             expr = expr & (ds.field("policy_version") <= int(entry["max_policy_version"]))
         return self._format.make_fragment(
-            self.store.abs(entry["path"]), filesystem=self.store.pafs, partition_expression=expr, file_size=int(entry["bytes"])
+            self.store.abs(entry["path"]), filesystem=filesystem, partition_expression=expr, file_size=int(entry["bytes"])
         )
 
     def dataset(
@@ -220,17 +222,24 @@ class Lake:
         *,
         snapshot_id: int | None = None,
         apply_deletes: bool = True,
+        verify: bool | None = None,
     ) -> ds.Dataset:
         """A pyarrow dataset over the committed files (pinned to the manifests read now), hive partition
         columns ``run_id`` (string) and ``policy_bucket`` (int64), tombstoned keys filtered out.
 
         Each fragment carries ``run_id``, ``policy_bucket`` and the file's ``policy_version`` range as
         its partition expression, so filters on any of them skip other files without opening them.
+        Unless ``verify=False`` (default: ``verify_reads``), each file is checked against the
+        manifest's checksums the first time this process reads it (``lake/verified.py``).
         """
         manifests = self.log.select(run_id, snapshot_id)
         full = self._dataset_schema(manifests, schema)
-        frags = [self._fragment(r, f) for r, m in manifests.items() for f in m["files"]]
-        dset = ds.FileSystemDataset(frags, full, self._format, self.store.pafs)
+        verify = self.options.verify_reads if verify is None else verify
+        fs = self.store.pafs
+        if verify:
+            fs = verified_fs(self.store, {self.store.abs(f["path"]): f for m in manifests.values() for f in m["files"]})
+        frags = [self._fragment(r, f, fs) for r, m in manifests.items() for f in m["files"]]
+        dset = ds.FileSystemDataset(frags, full, self._format, fs)
         if apply_deletes:
             expr = None
             for r, m in manifests.items():
