@@ -15,6 +15,7 @@ readers see and the hot tier change together under one lock (``BufferState.lock`
 
 from __future__ import annotations
 
+import contextlib
 import html
 import logging
 import os
@@ -71,6 +72,7 @@ class ReplayBuffer:
         progress: Any = None,
         max_rows: int | None = None,
         max_policy_lag: int | None = None,
+        takeover: bool = False,
     ) -> ReplayBuffer:
         """Open (creating or recovering) the buffer stored in directory ``path``.
 
@@ -79,6 +81,8 @@ class ReplayBuffer:
         (every row written to the warm tier before ``open`` returns; ``progress(done, total)``).
         Retention: past ``max_rows`` stored rows a push deletes the oldest, and rows more than
         ``max_policy_lag`` versions behind the newest are deleted (from every tier and the lake).
+        One buffer writes a run: another one open on the same (lake, run_id) raises ``LockedError``;
+        ``takeover=True`` replaces the claim of a writer that is gone (crashed) for good.
         """
         options = {k: v for k, v in locals().items() if k not in ("cls", "path")}
         return cls(Path(path), BufferOptions(**options))
@@ -110,9 +114,7 @@ class ReplayBuffer:
         stored_run = self.index.get_setting("run_id")
         fresh = stored_run is None
         self.run_id = o.run_id or (stored_run.decode() if stored_run else self.path.resolve().name)
-        if stored_run is None:
-            self.index.put_setting("run_id", self.run_id.encode())
-        elif o.run_id and o.run_id != stored_run.decode():
+        if stored_run is not None and o.run_id and o.run_id != stored_run.decode():
             raise ValueError(f"{self.path} holds run {stored_run.decode()!r}, not {o.run_id!r}")
         self.schema = self._resolve_schema(o.schema)
         self.key_prefix = o.key_prefix or self.run_id
@@ -145,6 +147,9 @@ class ReplayBuffer:
         self._catalog.persist_priorities_with(self.index.set_priorities)
         self._retention = Retention(s, self._budget, self._writeback, max_rows=o.max_rows,
                                     max_policy_lag=o.max_policy_lag)
+        self._snapshots.claim(o.takeover)  # before anything reads or writes the run's lake side
+        if fresh:  # only now: a directory refused above stays fresh (it restores when it opens)
+            self.index.put_setting("run_id", self.run_id.encode())
         recover(s, self._writeback)
         self._catalog.load_priorities(self.index.priorities())
         if fresh:
@@ -156,6 +161,8 @@ class ReplayBuffer:
         """Release what a failed open had started (best effort; the first error is what matters)."""
         snapshots = getattr(self, "_snapshots", None)
         if snapshots is not None:
+            with contextlib.suppress(Exception):
+                snapshots.release()
             snapshots.stop_timer()
         for name in ("tasks", "_catalog", "index"):
             part = getattr(self, name, None)
@@ -377,7 +384,10 @@ class ReplayBuffer:
                 finally:
                     self.index.close()
             finally:
-                self._dirlock.release()
+                try:
+                    self._snapshots.release()
+                finally:
+                    self._dirlock.release()
 
     def __enter__(self) -> ReplayBuffer:
         return self

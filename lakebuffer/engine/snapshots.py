@@ -15,12 +15,13 @@ import logging
 import os
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
 
-from ..errors import LakeError
+from ..errors import CorruptionError, LakeError
 from ..lake import Lake
 from ..schema import conform_restored
 from .reads import read_batch
@@ -73,10 +74,26 @@ class Snapshots:
         self._last: dict[str, Any] = {"id": None, "at": None, "error": None, "rows": 0, "files": 0, "bytes": 0}
         self._stop = threading.Event()
         self._timer: threading.Thread | None = None
+        self.writer_id: str | None = None  # set by claim(): this buffer's id as the run's writer
 
     @property
     def periodic(self) -> bool:
         return bool(self.interval_s and self.interval_s > 0)
+
+    # the run's one writer (lake/claims.py) ----------------------------------------------
+    def claim(self, takeover: bool) -> None:
+        """Become the run's writer on the lake (``LockedError`` naming the current one)."""
+        s = self.s
+        wid = s.index.get_setting("writer_id")
+        if wid is None:
+            wid = uuid.uuid4().hex.encode()
+            s.index.put_setting("writer_id", wid)
+        self.writer_id = wid.decode()
+        self.lake.claims.claim(s.run_id, self.writer_id, str(s.path.resolve()), takeover=takeover)
+
+    def release(self) -> None:
+        if self.writer_id:
+            self.lake.claims.release(self.s.run_id, self.writer_id)
 
     # timer -------------------------------------------------------------------------------
     def start_timer(self) -> None:
@@ -134,6 +151,7 @@ class Snapshots:
             next_seq = s.index.next_seq
         if not pending and not tombstones:
             return None
+        self.lake.claims.check(s.run_id, str(self.writer_id))  # another buffer took the run over: refuse
         total = sum(s.batches[b].rows for b in pending if b in s.batches)
         done = 0
         included: list[int] = []
@@ -151,7 +169,7 @@ class Snapshots:
                 yield t
 
         manifest = self.lake.commit_snapshot(
-            s.run_id, rows(), tombstones, meta={"batches": pending, "next_seq": next_seq}, force=bool(tombstones)
+            s.run_id, rows(), tombstones, meta={"batches": pending, "next_seq": next_seq, "writer": self.writer_id}, force=bool(tombstones)
         )
         with s.lock:
             infos = []
@@ -179,7 +197,10 @@ class Snapshots:
         with s.lock:
             infos = []
             for sid in newer:
-                for bid in self.lake.manifest(s.run_id, sid).get("meta", {}).get("batches", []):
+                meta = self.lake.manifest(s.run_id, sid).get("meta", {})
+                if meta.get("writer", self.writer_id) != self.writer_id:
+                    continue  # another writer's batch ids say nothing about ours
+                for bid in meta.get("batches", []):
                     info = s.batches.get(bid)
                     if info is not None and info.snapshot is None:
                         info.snapshot = sid
@@ -218,8 +239,9 @@ class Snapshots:
         try:
             st = self.lake.stats(self.s.run_id)
             self.s.catalog.register_lake(self.lake, self.s.run_id)
-        except LakeError as e:
+        except (LakeError, CorruptionError) as e:  # the local tiers stay usable; stats() shows why
             log.warning("lake %s is not readable now: %s", self.lake_url, e)
+            self._last["error"] = str(e)
             return
         self._last.update(rows=st["rows"], files=st["files"], bytes=st["bytes"])
         if self._last["id"] is None:

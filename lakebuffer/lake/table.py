@@ -22,6 +22,7 @@ from ..predicate import partition_hint
 from ..resources import render_sql
 from ..schema import PARTITIONING, ROLLOUT_SCHEMA, cast_to, key_array, unique_keys
 from . import maintenance
+from .claims import WriterClaims
 from .fs import LakeFS
 from .layout import PARTITION_FIELDS, MiB, check_run_id
 from .manifest import ManifestLog, ensure_settings, read_settings
@@ -29,7 +30,7 @@ from .options import LakeOptions
 from .reader import BlockReader, copy_rows, files_with_keys
 from .rows import iter_input, schema_from_b64, with_run_id, without, without_columns
 from .tombstones import Tombstones
-from .verified import verified_fs
+from .verified import mark_verified, verify_entries
 from .writer import Writer
 
 
@@ -111,6 +112,7 @@ class Lake:
         self.store = LakeFS(url, storage_options, filesystem)
         self.log = ManifestLog(self.store)
         self.tombstones = Tombstones(self.store)
+        self.claims = WriterClaims(self.store)
         self._format = ds.ParquetFileFormat(default_fragment_scan_options=ds.ParquetFragmentScanOptions(pre_buffer=True))
         self.store.probe()
         stored = read_settings(self.store)
@@ -229,15 +231,15 @@ class Lake:
 
         Each fragment carries ``run_id``, ``policy_bucket`` and the file's ``policy_version`` range as
         its partition expression, so filters on any of them skip other files without opening them.
-        Unless ``verify=False`` (default: ``verify_reads``), each file is checked against the
-        manifest's checksums the first time this process reads it (``lake/verified.py``).
+        Unless ``verify=False`` (default: ``verify_reads``), each file not yet checked by this process
+        is checked against the manifest's checksums first (``lake/verified.py``).
         """
         manifests = self.log.select(run_id, snapshot_id)
         full = self._dataset_schema(manifests, schema)
         verify = self.options.verify_reads if verify is None else verify
         fs = self.store.pafs
         if verify:
-            fs = verified_fs(self.store, {self.store.abs(f["path"]): f for m in manifests.values() for f in m["files"]})
+            verify_entries(self.store, [f for m in manifests.values() for f in m["files"]])
         frags = [self._fragment(r, f, fs) for r, m in manifests.items() for f in m["files"]]
         dset = ds.FileSystemDataset(frags, full, self._format, fs)
         if apply_deletes:
@@ -462,7 +464,7 @@ class Lake:
                 delete_entry = self.tombstones.write(run_id, sid, dkeys)
             schema_for_manifest = row_schema or (schema_from_b64(parent["schema"]) if parent and parent.get("schema") else with_run_id(ROLLOUT_SCHEMA))
             committing = True  # from here on a failure may leave a manifest that landed: keep the files
-            return self.log.commit(
+            manifest = self.log.commit(
                 run_id,
                 parent,
                 policy_bucket_size=self.policy_bucket_size,
@@ -475,6 +477,8 @@ class Lake:
                 meta=meta,
                 extra={"added_rows": nrows, "deleted_keys_added": len(dkeys), "resurrected_keys": len(resurrected)},
             )
+            mark_verified(self.store, entries + rewritten)  # checksummed from the bytes written
+            return manifest
         except BaseException as e:
             if not committing:  # nothing references these files: try to remove them (gc gets the rest)
                 for w in (writer, rewriter):

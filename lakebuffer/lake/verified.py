@@ -1,11 +1,10 @@
-"""A pyarrow filesystem over the lake that verifies each committed data file before its first read.
+"""Verify-once of committed lake files, before a pyarrow dataset over them is handed out.
 
 Every query path over the lake (``LakeView`` get/sample/scan/sql, the buffer's ``cold``/``lake``
-views) reads through a pyarrow dataset, and DuckDB decodes through it; neither has a checksum hook.
-The one place every such read passes is the filesystem's ``open_input_file``, so the dataset's
-fragments use ``VerifiedFS``: the first time this process opens a committed file, its bytes are
-checked against the manifest's block crc32s (sha256 without them); after that the file is opened
-natively. Committed files are immutable (unique names, never rewritten in place), so a pass is
+views) reads through a pyarrow dataset, and DuckDB decodes through it; neither has a checksum hook
+(a verifying pyarrow ``PyFileSystem`` deadlocked DuckDB's scan threads), so ``Lake.dataset`` checks
+every file it lists that this process has not checked yet against the manifest's block crc32s
+(sha256 without them). Files a writer just committed are marked verified from the bytes it wrote. Committed files are immutable (unique names, never rewritten in place), so a pass is
 remembered per (path, size, sha256) for the life of the process; on a local lake also per mtime
 (one ``stat`` per open), so a file changed behind the lake is checked again. Restore, commit and compaction
 read through ``BlockReader``, which checks every byte itself.
@@ -15,9 +14,6 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any
-
-import pyarrow.fs as pafs
 
 from ..errors import CorruptionError
 from .fs import LakeFS
@@ -70,54 +66,14 @@ def forget_verified() -> None:
         _VERIFIED.clear()
 
 
-class _VerifyingHandler(pafs.FileSystemHandler):
-    """Delegates to the lake's pyarrow filesystem; ``open_input_file`` verifies first; no writes."""
-
-    def __init__(self, store: LakeFS, entries: dict[str, dict]) -> None:
-        self.store = store
-        self.base: pafs.FileSystem = store.pafs
-        self.entries = entries  # filesystem path -> manifest entry
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _VerifyingHandler) and other.base.equals(self.base) and other.entries is self.entries
-
-    def __ne__(self, other: object) -> bool:
-        return not self == other
-
-    def get_type_name(self) -> str:
-        return "lakebuffer-verified"
-
-    def normalize_path(self, path: str) -> str:
-        return self.base.normalize_path(path)
-
-    def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
-        return self.base.get_file_info(paths)
-
-    def get_file_info_selector(self, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
-        return self.base.get_file_info(selector)
-
-    def _verify(self, path: str) -> None:
-        entry = self.entries.get(path)
-        if entry is None:
-            raise CorruptionError(f"{path} is not a committed file of lake {self.store.url}; it cannot be verified")
-        verify_entry(self.store, entry)
-
-    def open_input_file(self, path: str) -> Any:
-        self._verify(path)
-        return self.base.open_input_file(path)
-
-    def open_input_stream(self, path: str) -> Any:
-        self._verify(path)
-        return self.base.open_input_stream(path)
-
-    def _read_only(self, *_: Any) -> None:
-        raise PermissionError(f"lake {self.store.url} is read through a verifying, read-only filesystem")
-
-    create_dir = delete_dir = delete_dir_contents = delete_root_dir_contents = delete_file = _read_only
-    move = copy_file = open_output_stream = open_append_stream = _read_only
+def verify_entries(store: LakeFS, entries: list[dict]) -> None:
+    """``verify_entry`` for each file (the first failure raises)."""
+    for entry in entries:
+        verify_entry(store, entry)
 
 
-def verified_fs(store: LakeFS, entries: dict[str, dict]) -> pafs.FileSystem:
-    """A pyarrow filesystem that reads only the committed files ``entries`` (path -> manifest entry),
-    each verified before this process first reads it."""
-    return pafs.PyFileSystem(_VerifyingHandler(store, entries))
+def mark_verified(store: LakeFS, entries: list[dict]) -> None:
+    """Files this process just wrote and checksummed itself: no need to read them back."""
+    idents = [_ident(store, e) for e in entries]
+    with _VERIFIED_LOCK:
+        _VERIFIED.update(idents)
