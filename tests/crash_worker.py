@@ -16,7 +16,9 @@ def main() -> None:
     path, seed = sys.argv[1], int(sys.argv[2])
     lake = sys.argv[3] if len(sys.argv) > 3 else None
     maintain = len(sys.argv) > 4 and sys.argv[4] == "maintain"  # also snapshot, compact + gc in the loop
-    buf = lb.ReplayBuffer.open(path, memory_limit_mb=1, snapshot_interval_s=0.3 if lake else 0, lake=lake)
+    storage_options = json.loads(sys.argv[5]) if len(sys.argv) > 5 else None
+    buf = lb.ReplayBuffer.open(path, memory_limit_mb=1, snapshot_interval_s=0.3 if lake else 0, lake=lake,
+                               storage_options=storage_options)
     print(json.dumps({"ready": True}), flush=True)
     i = 0
     while True:
