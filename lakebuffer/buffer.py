@@ -15,6 +15,7 @@ readers see and the hot tier change together under one lock (``BufferState.lock`
 
 from __future__ import annotations
 
+import contextlib
 import html
 import logging
 import os
@@ -74,6 +75,7 @@ class ReplayBuffer:
         snapshot_max_rows: int | None = None,
         snapshot_max_bytes: int | None = 512 * 2**20,
         lake_timeout_s: float | None = 120.0,
+        takeover: bool = False,
     ) -> ReplayBuffer:
         """Open (creating or recovering) the buffer stored in directory ``path``.
 
@@ -86,6 +88,8 @@ class ReplayBuffer:
         is drained in such steps, back to back (``stats()["cold"]`` reports ``lag_rows``/``lag_s``).
         ``lake_timeout_s`` bounds one snapshot or restore: past it they raise ``LakeError`` (a snapshot's
         rows stay local and are retried).
+        One buffer writes a run: another one open on the same (lake, run_id) raises ``LockedError``;
+        ``takeover=True`` replaces the claim of a writer that is gone (crashed) for good.
         """
         options = {k: v for k, v in locals().items() if k not in ("cls", "path")}
         return cls(Path(path), BufferOptions(**options))
@@ -117,9 +121,7 @@ class ReplayBuffer:
         stored_run = self.index.get_setting("run_id")
         fresh = stored_run is None
         self.run_id = o.run_id or (stored_run.decode() if stored_run else self.path.resolve().name)
-        if stored_run is None:
-            self.index.put_setting("run_id", self.run_id.encode())
-        elif o.run_id and o.run_id != stored_run.decode():
+        if stored_run is not None and o.run_id and o.run_id != stored_run.decode():
             raise ValueError(f"{self.path} holds run {stored_run.decode()!r}, not {o.run_id!r}")
         self.schema = self._resolve_schema(o.schema)
         self.key_prefix = o.key_prefix or self.run_id
@@ -159,6 +161,9 @@ class ReplayBuffer:
         self._replays = ReplayLog(self.path / "replays", self._catalog, self.tasks)
         self._retention = Retention(s, self._budget, self._writeback, max_rows=o.max_rows,
                                     max_policy_lag=o.max_policy_lag)
+        self._snapshots.claim(o.takeover)  # before anything reads or writes the run's lake side
+        if fresh:  # only now: a directory refused above stays fresh (it restores when it opens)
+            self.index.put_setting("run_id", self.run_id.encode())
         recover(s, self._writeback)
         self._catalog.load_priorities(self.index.priorities())
         self._replays.load()
@@ -174,6 +179,8 @@ class ReplayBuffer:
         """Release what a failed open had started (best effort; the first error is what matters)."""
         snapshots = getattr(self, "_snapshots", None)
         if snapshots is not None:
+            with contextlib.suppress(Exception):
+                snapshots.release()
             snapshots.stop_timer()
         for name in ("tasks", "_catalog", "index"):
             part = getattr(self, name, None)
@@ -403,7 +410,10 @@ class ReplayBuffer:
                 finally:
                     self.index.close()
             finally:
-                self._dirlock.release()
+                try:
+                    self._snapshots.release()
+                finally:
+                    self._dirlock.release()
 
     def __enter__(self) -> ReplayBuffer:
         return self

@@ -32,6 +32,7 @@ class BufferOptions:
     sync: bool = False
     push_timeout_s: float = 60.0
     key_prefix: str | None = None
+    takeover: bool = False
     duckdb_threads: int | None = None
     progress: Any = None
     max_rows: int | None = None

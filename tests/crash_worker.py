@@ -15,7 +15,10 @@ from tests.rollouts import make_rollouts
 def main() -> None:
     path, seed = sys.argv[1], int(sys.argv[2])
     lake = sys.argv[3] if len(sys.argv) > 3 else None
-    buf = lb.ReplayBuffer.open(path, memory_limit_mb=1, snapshot_interval_s=0.3 if lake else 0, lake=lake)
+    maintain = len(sys.argv) > 4 and sys.argv[4] == "maintain"  # also snapshot, compact + gc in the loop
+    storage_options = json.loads(sys.argv[5]) if len(sys.argv) > 5 else None
+    buf = lb.ReplayBuffer.open(path, memory_limit_mb=1, snapshot_interval_s=0.3 if lake else 0, lake=lake,
+                               storage_options=storage_options)
     print(json.dumps({"ready": True}), flush=True)
     i = 0
     while True:
@@ -25,6 +28,10 @@ def main() -> None:
         i += 1
         if i % 7 == 0:
             buf.sample(8, seed=i)
+        if maintain and i % 3 == 0:
+            buf.snapshot(wait=True)
+        if maintain and i % 5 == 0:
+            buf.compact(target_file_bytes=1 << 20)  # rewrites small files, then gc
 
 
 if __name__ == "__main__":

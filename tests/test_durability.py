@@ -23,9 +23,12 @@ from tests.rollouts import make_rollouts
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _run_and_kill(path: Path, seed: int, delay: float, lake: str | None = None) -> list[str]:
+def _run_and_kill(path: Path, seed: int, delay: float, lake: str | None = None, mode: str = "",
+                  storage_options: dict | None = None) -> list[str]:
     """Start the worker, let it push for ``delay`` s after it is ready, SIGKILL it; return acked keys."""
-    args = [sys.executable, "-m", "tests.crash_worker", str(path), str(seed)] + ([lake] if lake else [])
+    args = [sys.executable, "-m", "tests.crash_worker", str(path), str(seed)] + ([lake] if lake else []) + ([mode] if mode else [])
+    if storage_options is not None:  # the worker's 5th argument, after the lake and the mode
+        args += ([] if mode else ["push"]) + [json.dumps(storage_options)]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=False)
     lines: list[bytes] = []
     ready = threading.Event()
@@ -70,6 +73,41 @@ def test_kill_minus_nine_never_loses_or_duplicates_acknowledged_rows(tmp_path):
         report = fsck(path)
         assert report["ok"], report["problems"]
     assert len(acked) > 20 * 32  # the worker made progress between kills
+
+
+def _kill_while_maintaining(tmp_path: Path, lake: str, kills: int, seed: int, storage_options: dict | None = None) -> None:
+    """Kills while the worker pushes, snapshots, compacts and gcs ``lake``: locally every acked row
+    once, and the lake never holds a key twice."""
+    rng = random.Random(seed)
+    path = tmp_path / "buf"
+    acked: list[str] = []
+    n = 0
+    for i in range(kills):
+        acked += _run_and_kill(path, seed=seed + i, delay=rng.uniform(0.1, 1.2), lake=lake, mode="maintain",
+                               storage_options=storage_options)
+        with lb.ReplayBuffer.open(path, memory_limit_mb=1, snapshot_interval_s=0, lake=lake,
+                                  storage_options=storage_options) as buf:
+            stored = buf.sql("SELECT key FROM rollouts").column("key").to_pylist()
+            assert len(stored) == len(set(stored)), f"kill {i}: duplicate keys after recovery"
+            missing = set(acked) - set(stored)
+            assert not missing, f"kill {i}: {len(missing)} acknowledged keys lost"
+        with lb.ReplayBuffer.open_lake(lake, storage_options=storage_options) as view:
+            n, distinct = view.sql("SELECT count(*), count(DISTINCT key) FROM rollouts").to_pylist()[0].values()
+            assert n == distinct, f"kill {i}: the lake holds a key twice"
+        assert fsck(path)["ok"]
+    assert len(acked) > kills * 32
+    assert n > 0  # snapshots reached the lake between kills
+
+
+def test_kill_minus_nine_during_snapshot_compact_and_gc_of_a_file_lake(tmp_path):
+    """``LAKEBUFFER_CRASH_KILLS`` raises the number of kills (default 10)."""
+    _kill_while_maintaining(tmp_path, str(tmp_path / "lake"), int(os.environ.get("LAKEBUFFER_CRASH_KILLS", "10")), 4321)
+
+
+def test_kill_minus_nine_during_snapshot_compact_and_gc_of_an_s3_lake(tmp_path, s3_server, s3_bucket):
+    """The same on S3 (moto); ``LAKEBUFFER_CRASH_KILLS`` raises the number of kills (default 6)."""
+    kills = int(os.environ.get("LAKEBUFFER_CRASH_KILLS", "6"))
+    _kill_while_maintaining(tmp_path, f"{s3_bucket}/lake", kills, 8765, s3_server.storage_options)
 
 
 def test_torn_wal_tail_is_skipped(tmp_path):

@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
@@ -106,6 +107,8 @@ class Snapshots:
             self._last["error"] = str(damaged_lake(lake_url, lake_error))
         self._stop = threading.Event()
         self._timer: threading.Thread | None = None
+        self.writer_id: str | None = None  # set by claim(): this buffer's id as the run's writer
+        self._claimed = False  # whether this buffer holds the run's claim on the lake
 
     @property
     def periodic(self) -> bool:
@@ -119,6 +122,24 @@ class Snapshots:
             except CorruptionError as e:
                 raise damaged_lake(self.lake_url, e) from e
         return self.lake
+
+    # the run's one writer (lake/claims.py) ----------------------------------------------
+    def claim(self, takeover: bool) -> None:
+        """Become the run's writer on the lake (``LockedError`` naming the current one)."""
+        s = self.s
+        wid = s.index.get_setting("writer_id")
+        if wid is None:
+            wid = uuid.uuid4().hex.encode()
+            s.index.put_setting("writer_id", wid)
+        self.writer_id = wid.decode()
+        if self.lake is None:  # a damaged lake (reported in stats): snapshots claim it once it is fixed
+            return
+        self.lake.claims.claim(s.run_id, self.writer_id, str(s.path.resolve()), takeover=takeover)
+        self._claimed = True
+
+    def release(self) -> None:
+        if self.writer_id and self.lake is not None:
+            self.lake.claims.release(self.s.run_id, self.writer_id)
 
     # timer -------------------------------------------------------------------------------
     def start_timer(self) -> None:
@@ -237,6 +258,12 @@ class Snapshots:
         more = len(pending) < len(behind)
         if not pending and not tombstones:
             return None, False
+        lake = self._lake()
+        if self._claimed:  # another buffer took the run over since: refuse
+            lake.claims.check(s.run_id, str(self.writer_id))
+        else:  # the lake was damaged at open: claim it now that it reads
+            lake.claims.claim(s.run_id, str(self.writer_id), str(s.path.resolve()), takeover=False)
+            self._claimed = True
         total = sum(s.batches[b].rows for b in pending if b in s.batches)
         done = 0
         included: list[int] = []
@@ -262,7 +289,7 @@ class Snapshots:
         local: list[CorruptionError] = []
         try:
             manifest = self._lake().commit_snapshot(
-                s.run_id, rows(), tombstones, meta={"batches": pending, "next_seq": next_seq}, force=bool(tombstones)
+                s.run_id, rows(), tombstones, meta={"batches": pending, "next_seq": next_seq, "writer": self.writer_id}, force=bool(tombstones)
             )
         except CorruptionError as e:
             if e in local:
@@ -295,7 +322,10 @@ class Snapshots:
         with s.lock:
             infos = []
             for sid in newer:
-                for bid in lake.manifest(s.run_id, sid).get("meta", {}).get("batches", []):
+                meta = lake.manifest(s.run_id, sid).get("meta", {})
+                if meta.get("writer", self.writer_id) != self.writer_id:
+                    continue  # another writer's batch ids say nothing about ours
+                for bid in meta.get("batches", []):
                     info = s.batches.get(bid)
                     if info is not None and info.snapshot is None:
                         info.snapshot = sid

@@ -15,12 +15,14 @@ import fsspec
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 
 from ..errors import LakeBufferError, LakeError, ReadOnlyError, SchemaError
 from ..predicate import partition_hint
 from ..resources import render_sql
 from ..schema import PARTITIONING, ROLLOUT_SCHEMA, cast_to, key_array, unique_keys
 from . import maintenance
+from .claims import WriterClaims
 from .fs import LakeFS
 from .layout import PARTITION_FIELDS, MiB, check_run_id
 from .manifest import ManifestLog, ensure_settings, read_settings
@@ -28,6 +30,7 @@ from .options import LakeOptions
 from .reader import BlockReader, copy_rows, files_with_keys
 from .rows import iter_input, schema_from_b64, with_run_id, without, without_columns
 from .tombstones import Tombstones
+from .verified import mark_verified, verify_entries
 from .writer import Writer
 
 
@@ -109,6 +112,7 @@ class Lake:
         self.store = LakeFS(url, storage_options, filesystem)
         self.log = ManifestLog(self.store)
         self.tombstones = Tombstones(self.store)
+        self.claims = WriterClaims(self.store)
         self._format = ds.ParquetFileFormat(default_fragment_scan_options=ds.ParquetFragmentScanOptions(pre_buffer=True))
         self.store.probe()
         stored = read_settings(self.store)
@@ -204,13 +208,13 @@ class Lake:
             schema = schema.append(PARTITION_FIELDS[1])
         return schema
 
-    def _fragment(self, run_id: str, entry: dict) -> ds.Fragment:
+    def _fragment(self, run_id: str, entry: dict, filesystem: pafs.FileSystem) -> ds.Fragment:
         expr = (ds.field("run_id") == run_id) & (ds.field("policy_bucket") == int(entry["policy_bucket"]))
         if entry.get("min_policy_version") is not None:
             expr = expr & (ds.field("policy_version") >= int(entry["min_policy_version"]))
             expr = expr & (ds.field("policy_version") <= int(entry["max_policy_version"]))
         return self._format.make_fragment(
-            self.store.abs(entry["path"]), filesystem=self.store.pafs, partition_expression=expr, file_size=int(entry["bytes"])
+            self.store.abs(entry["path"]), filesystem=filesystem, partition_expression=expr, file_size=int(entry["bytes"])
         )
 
     def dataset(
@@ -220,17 +224,24 @@ class Lake:
         *,
         snapshot_id: int | None = None,
         apply_deletes: bool = True,
+        verify: bool | None = None,
     ) -> ds.Dataset:
         """A pyarrow dataset over the committed files (pinned to the manifests read now), hive partition
         columns ``run_id`` (string) and ``policy_bucket`` (int64), tombstoned keys filtered out.
 
         Each fragment carries ``run_id``, ``policy_bucket`` and the file's ``policy_version`` range as
         its partition expression, so filters on any of them skip other files without opening them.
+        Unless ``verify=False`` (default: ``verify_reads``), each file not yet checked by this process
+        is checked against the manifest's checksums first (``lake/verified.py``).
         """
         manifests = self.log.select(run_id, snapshot_id)
         full = self._dataset_schema(manifests, schema)
-        frags = [self._fragment(r, f) for r, m in manifests.items() for f in m["files"]]
-        dset = ds.FileSystemDataset(frags, full, self._format, self.store.pafs)
+        verify = self.options.verify_reads if verify is None else verify
+        fs = self.store.pafs
+        if verify:
+            verify_entries(self.store, [f for m in manifests.values() for f in m["files"]])
+        frags = [self._fragment(r, f, fs) for r, m in manifests.items() for f in m["files"]]
+        dset = ds.FileSystemDataset(frags, full, self._format, fs)
         if apply_deletes:
             expr = None
             for r, m in manifests.items():
@@ -453,7 +464,7 @@ class Lake:
                 delete_entry = self.tombstones.write(run_id, sid, dkeys)
             schema_for_manifest = row_schema or (schema_from_b64(parent["schema"]) if parent and parent.get("schema") else with_run_id(ROLLOUT_SCHEMA))
             committing = True  # from here on a failure may leave a manifest that landed: keep the files
-            return self.log.commit(
+            manifest = self.log.commit(
                 run_id,
                 parent,
                 policy_bucket_size=self.policy_bucket_size,
@@ -466,6 +477,8 @@ class Lake:
                 meta=meta,
                 extra={"added_rows": nrows, "deleted_keys_added": len(dkeys), "resurrected_keys": len(resurrected)},
             )
+            mark_verified(self.store, entries + rewritten)  # checksummed from the bytes written
+            return manifest
         except BaseException as e:
             if not committing:  # nothing references these files: try to remove them (gc gets the rest)
                 for w in (writer, rewriter):

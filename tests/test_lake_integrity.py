@@ -1,0 +1,106 @@
+"""Integrity on the lake side (issue 15, guarantees 2 and 5).
+
+Every read of committed lake files (``open_lake`` get/sample/scan/sql, the buffer's ``cold``
+view, restore) is checked against the manifest's checksums; one writer per (lake, run_id).
+"""
+
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+
+import pytest
+
+import lakebuffer as lb
+from lakebuffer.errors import CorruptionError
+from tests.rollouts import make_rollouts
+
+OPEN = {"memory_limit_mb": 64, "snapshot_interval_s": 0}
+
+
+def flip(path: Path, at: float = 0.5) -> None:
+    """Flip one bit of a file in place (same size: only a checksum can tell)."""
+    data = bytearray(path.read_bytes())
+    data[int(len(data) * at)] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _lake_with_one_file(tmp_path: Path) -> tuple[str, list[str], Path]:
+    lake = str(tmp_path / "lake")
+    with lb.ReplayBuffer.open(tmp_path / "a", lake=lake, run_id="r", **OPEN) as buf:
+        keys = buf.push(make_rollouts(256, tokens=64, seed=1)).to_pylist()
+        buf.snapshot(wait=True)
+    (victim,) = glob.glob(f"{lake}/**/*.parquet", recursive=True)
+    return lake, keys, Path(victim)
+
+
+# guarantee 2, lake side: no read returns corrupted data -------------------------------------
+def test_flipped_lake_parquet_fails_every_lake_read_path(tmp_path):
+    lake, keys, victim = _lake_with_one_file(tmp_path)
+    with lb.ReplayBuffer.open_lake(lake) as view:  # intact: reads, and the file is verified once
+        assert view.get(keys[:4], ["key"]).column("key").to_pylist() == keys[:4]
+        assert view.sql("SELECT count(*) FROM rollouts").column(0)[0].as_py() == 256
+    flip(victim)  # changed behind the lake: (size, mtime) moved, the process checks it again
+    with pytest.raises(CorruptionError, match=victim.name) as e:
+        lb.ReplayBuffer.open_lake(lake)  # every read path of the view reads this dataset
+    assert "checksum" in str(e.value) and "Restore the file" in str(e.value)
+    with pytest.raises(CorruptionError, match=victim.name):
+        lb.ReplayBuffer.open_lake(lake, run_id="r").dataset().to_table()
+    # a buffer of another run over the damaged lake still opens, serves its own rows, and says why
+    # its lake views are not there
+    with lb.ReplayBuffer.open(tmp_path / "b", lake=lake, run_id="other", **OPEN) as buf:
+        mine = buf.push(make_rollouts(8, seed=5)).to_pylist()
+        assert buf.get(mine, ["key"]).num_rows == 8
+        assert victim.name in buf.stats()["cold"]["last_error"]
+
+
+def test_restore_from_a_flipped_lake_file_is_refused(tmp_path):
+    lake, _, victim = _lake_with_one_file(tmp_path)
+    flip(victim)
+    with pytest.raises(CorruptionError, match=victim.name):
+        lb.ReplayBuffer.open(tmp_path / "fresh", lake=lake, run_id="r", **OPEN)
+
+
+# guarantee 5: one writer per (lake, run_id) --------------------------------------------------
+def test_second_writer_of_a_run_is_refused_not_silently_dropped(tmp_path):
+    lake = str(tmp_path / "lake")
+    with lb.ReplayBuffer.open(tmp_path / "a", lake=lake, run_id="r", **OPEN) as a:
+        a.push(make_rollouts(110, seed=1))
+        with pytest.raises(lb.LockedError, match=r"run 'r'.*takeover=True") as e:
+            lb.ReplayBuffer.open(tmp_path / "b", lake=lake, run_id="r", **OPEN)
+        assert str((tmp_path / "a").resolve()) in str(e.value)  # names the other writer
+        a.snapshot(wait=True)
+    with lb.ReplayBuffer.open_lake(lake) as view:
+        assert len(view) == 110
+    # once the first writer closed, another directory may write the run (and restores it first)
+    with lb.ReplayBuffer.open(tmp_path / "b", lake=lake, run_id="r", **OPEN) as b:
+        assert len(b) == 110
+        keys = b.push(make_rollouts(50, seed=2)).to_pylist()
+        assert b.snapshot(wait=True) is not None
+    with lb.ReplayBuffer.open_lake(lake) as view:
+        assert len(view) == 160
+        assert view.sql("SELECT count(DISTINCT key) FROM rollouts").column(0)[0].as_py() == 160
+        assert view.get(keys, ["key"]).num_rows == 50
+
+
+def test_crashed_writer_is_taken_over_explicitly_and_then_fenced(tmp_path):
+    lake = str(tmp_path / "lake")
+    a = lb.ReplayBuffer.open(tmp_path / "a", lake=lake, run_id="r", **OPEN)
+    a.push(make_rollouts(64, seed=1))
+    a.snapshot(wait=True)
+    a.push(make_rollouts(16, seed=3))  # not snapshotted: "a" is presumed dead from here on
+    with pytest.raises(lb.LockedError):
+        lb.ReplayBuffer.open(tmp_path / "fresh", lake=lake, run_id="r", **OPEN)
+    with lb.ReplayBuffer.open(tmp_path / "fresh", lake=lake, run_id="r", takeover=True, **OPEN) as b:
+        assert len(b) == 64  # restored from the lake
+        b.push(make_rollouts(8, seed=4))
+        b.snapshot(wait=True)
+        # the old writer comes back: its commit is refused, loudly, and nothing of it lands
+        with pytest.raises(lb.LockedError, match="takeover=True"):
+            a.snapshot(wait=True)
+    a.close()
+    with lb.ReplayBuffer.open_lake(lake) as view:
+        assert len(view) == 72
+    # reopening the writer's own directory needs no takeover
+    with lb.ReplayBuffer.open(tmp_path / "fresh", lake=lake, run_id="r", **OPEN) as b:
+        assert len(b) == 72
