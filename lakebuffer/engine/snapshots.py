@@ -389,9 +389,11 @@ class Snapshots:
         self._last.update(id=sid, at=None, error=None)
         log.info("restored %d rollouts of run %r from %s (snapshot %s)", done, s.run_id, self.lake_url, sid)
 
-    def _interrupted(self, done: int | None, total: int | None, e: Exception) -> LakeError:
+    def _interrupted(self, done: int | None, total: int | None, e: Exception) -> LakeError | CorruptionError:
+        """The refusal of an unfinished restore; a damaged lake file stays a ``CorruptionError``."""
         where = f" after {done} of {total} rows" if done is not None else ""
-        return LakeError(
+        cls = CorruptionError if isinstance(e, CorruptionError) else LakeError
+        return cls(
             f"the restore of run {self.s.run_id!r} into {self.s.path} from {self.lake_url} was interrupted{where} "
             f"({e}); nothing is served until it completes: open the buffer again once the lake is reachable "
             f"(the restore resumes where it stopped), or delete {self.s.path} to give it up")
