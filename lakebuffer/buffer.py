@@ -35,7 +35,7 @@ from .engine.ingest import Ingest
 from .engine.recovery import recover, refuse_damaged_index
 from .engine.replays import ReplayLog
 from .engine.retention import Retention
-from .engine.snapshots import Snapshots, open_lake
+from .engine.snapshots import RESTORING, Snapshots, open_lake
 from .engine.state import BufferState
 from .engine.tasks import TaskQueue
 from .engine.writeback import WriteBack
@@ -167,7 +167,7 @@ class ReplayBuffer:
         recover(s, self._writeback)
         self._catalog.load_priorities(self.index.priorities())
         self._replays.load()
-        restoring = fresh or self.index.get_setting("restoring") is not None
+        restoring = fresh or self.index.get_setting(RESTORING) is not None
         self._snapshots.restore(o.progress, fresh)  # or resume an interrupted one (refused if it cannot)
         if restoring and self.restored_from is None and self.index.get_setting("last_snapshot") is not None:
             self.restored_from = self.lake_url
