@@ -45,6 +45,7 @@ from .options import BufferOptions
 from .results import Snapshot
 from .schema import merge_schema, metadata_columns
 from .tiers import HotTier, WarmTier, WriteAheadLog
+from .tiers.eviction import EvictionPolicy
 
 log = logging.getLogger("lakebuffer")
 
@@ -76,6 +77,7 @@ class ReplayBuffer:
         snapshot_max_bytes: int | None = 512 * 2**20,
         lake_timeout_s: float | None = 120.0,
         takeover: bool = False,
+        evict: str = "lru",
     ) -> ReplayBuffer:
         """Open (creating or recovering) the buffer stored in directory ``path``.
 
@@ -90,6 +92,8 @@ class ReplayBuffer:
         rows stay local and are retried).
         One buffer writes a run: another one open on the same (lake, run_id) raises ``LockedError``;
         ``takeover=True`` replaces the claim of a writer that is gone (crashed) for good.
+        ``evict`` orders what leaves RAM first: ``"lru"``, ``"oldest_version"`` or a SQL keep priority
+        over metadata columns, e.g. ``"policy_version * 10 + reward"`` (``lakebuffer.tiers.eviction``).
         """
         options = {k: v for k, v in locals().items() if k not in ("cls", "path")}
         return cls(Path(path), BufferOptions(**options))
@@ -140,7 +144,7 @@ class ReplayBuffer:
         self.tasks = TaskQueue(workers=2)
         self._state = s = BufferState(
             path=self.path, run_id=self.run_id, schema=self.schema, meta_columns=self.meta_columns,
-            durability=o.durability, index=self.index, hot=HotTier(self.schema),
+            durability=o.durability, index=self.index, hot=HotTier(self.schema, EvictionPolicy(o.evict, frozenset(self.meta_columns))),
             warm=WarmTier(self.path / "warm" / "rollouts.lance", self.schema),
             wal=WriteAheadLog(self.path / "wal", sync=o.sync), catalog=self._catalog, tasks=self.tasks,
         )
@@ -362,8 +366,7 @@ class ReplayBuffer:
         """Rows, bytes and files per tier, queue depths and latencies."""
         self._check()
         with self._state.lock:
-            hot = {"rows": self.hot.rows, "bytes": self.hot.nbytes, "limit_bytes": self.memory_limit_bytes,
-                   "capacity_bytes": self._budget.hot_limit(), "batches": len(self.hot)}
+            hot = self.hot.stats() | {"limit_bytes": self.memory_limit_bytes, "capacity_bytes": self._budget.hot_limit()}
             warm = self.warm.stats()
         return {
             "run_id": self.run_id,

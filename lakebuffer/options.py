@@ -40,9 +40,13 @@ class BufferOptions:
     snapshot_max_rows: int | None = None  # per snapshot commit: a backlog is drained in steps
     snapshot_max_bytes: int | None = 512 * 2**20
     lake_timeout_s: float | None = 120.0  # overall deadline of one snapshot or restore
+    evict: str = "lru"  # which hot batches leave RAM first (lakebuffer.tiers.eviction)
 
 
     def __post_init__(self) -> None:
+        from .tiers.eviction import EvictionPolicy
+
+        EvictionPolicy(self.evict)  # syntax now, before any file is touched; columns once the schema is known
         if self.lake_timeout_s is not None and not self.lake_timeout_s > 0:
             raise OptionError(f"lake_timeout_s must be positive or None, not {self.lake_timeout_s!r}")
         for name in ("snapshot_max_rows", "snapshot_max_bytes"):

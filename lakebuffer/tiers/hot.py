@@ -1,4 +1,4 @@
-"""The hot tier: Arrow tables in RAM, least recently used first out.
+"""The hot tier: Arrow tables in RAM, least recently used (or least wanted, ``evict=``) first out.
 
 A batch stays readable here until the warm tier has it on disk ("evicting" state), so a row is
 always in exactly one place a reader can find, and the budget counts evicting bytes too. Parts
@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .base import Location, Staged
+from .eviction import EvictionPolicy
 
 
 def table_bytes(table: pa.Table) -> int:
@@ -31,6 +32,7 @@ class HotBatch:
     table: pa.Table
     nbytes: int
     evicting: bool = False
+    score: float | None = None  # keep priority from the eviction policy (None: by recency only)
 
 
 class HotTier:
@@ -38,8 +40,9 @@ class HotTier:
 
     name = "hot"
 
-    def __init__(self, schema: pa.Schema) -> None:
+    def __init__(self, schema: pa.Schema, policy: EvictionPolicy | None = None) -> None:
         self.schema = schema
+        self.policy = policy or EvictionPolicy()
         self._batches: OrderedDict[int, HotBatch] = OrderedDict()
         self.nbytes = 0
         self._version = 0  # bumped on every change, so the catalog knows when to re-register
@@ -60,13 +63,17 @@ class HotTier:
 
     # Tier ----------------------------------------------------------------------------------
     def stage(self, table: pa.Table, part: int | None = None) -> Staged:
-        """Hold ``table`` aside as batch ``part`` (RAM needs no writing: publishing is all)."""
+        """Hold ``table`` aside as batch ``part`` (RAM needs no writing: publishing is all); its keep
+        score is computed here, outside the engine's lock."""
         if part is None:
             raise ValueError("the hot tier stores batches under the caller's batch id: pass part=")
-        return Staged(part=part, rows=table.num_rows, nbytes=table_bytes(table), handle=table)
+        nbytes = table_bytes(table)
+        batch = HotBatch(part, table, nbytes, score=self.policy.score(table))
+        return Staged(part=part, rows=table.num_rows, nbytes=nbytes, handle=batch)
 
     def publish(self, staged: Staged) -> None:
-        self.add(staged.part, staged.handle)
+        batch: HotBatch = staged.handle
+        self._insert(batch)
 
     def take(self, where: Location, columns: Sequence[str]) -> pa.Table:
         """Rows by (batch, position) in the order given, in one ``take``: the batches involved are
@@ -104,14 +111,16 @@ class HotTier:
         tables = self.tables()
         return pa.concat_tables(tables) if tables else self.schema.empty_table()
 
-    def stats(self) -> dict[str, int]:
-        return {"rows": self.rows, "bytes": self.nbytes, "batches": len(self._batches)}
+    def stats(self) -> dict[str, int | str]:
+        return {"rows": self.rows, "bytes": self.nbytes, "batches": len(self._batches), "evict": self.policy.evict}
 
     # batches -------------------------------------------------------------------------------
     def add(self, batch_id: int, table: pa.Table) -> None:
-        nbytes = table_bytes(table)
-        self._batches[batch_id] = HotBatch(batch_id, table, nbytes)
-        self.nbytes += nbytes
+        self._insert(HotBatch(batch_id, table, table_bytes(table), score=self.policy.score(table)))
+
+    def _insert(self, batch: HotBatch) -> None:
+        self._batches[batch.batch_id] = batch
+        self.nbytes += batch.nbytes
         self._version += 1
 
     def get(self, batch_id: int, touch: bool = True) -> HotBatch | None:
@@ -139,10 +148,14 @@ class HotTier:
         return sum(b.nbytes for b in self._batches.values() if not b.evicting)
 
     def choose_victims(self, target_resident: int) -> list[HotBatch]:
-        """Mark least recently used batches as evicting until resident bytes <= target."""
+        """Mark batches as evicting until resident bytes <= target: lowest keep score first, ties
+        (and every batch under ``evict="lru"``) least recently used first."""
         resident = self.resident_bytes()
         victims = []
-        for b in self._batches.values():
+        order = list(self._batches.values())
+        if not self.policy.by_recency:  # sorted() is stable: equal scores keep their LRU order
+            order = sorted(order, key=lambda b: -np.inf if b.score is None else b.score)
+        for b in order:
             if resident <= target_resident:
                 break
             if b.evicting:
