@@ -53,7 +53,7 @@ def test_native_forms_keep_the_tokens() -> None:
     assert not padded[1, lengths[1] :].any()
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(300)
 def test_quick_run_reports_every_system(tmp_path: Path) -> None:
     seen: list[str] = []
     out = tmp_path / "results.json"
@@ -94,4 +94,9 @@ def test_quick_run_reports_every_system(tmp_path: Path) -> None:
         assert ver[mode]["rows"] > 0 and ver[mode]["snapshot_s"] > 0 and ver[mode]["get_p50_s"] > 0
     assert ver["verified"]["rows"] == ver["unverified"]["rows"]
     assert all(v is not None and v > 0 for v in ver["ratio"].values()), ver["ratio"]
+    scale = sc["scale"]["lakebuffer"]  # every path measured, the restore brought every row back
+    assert "error" not in scale, scale
+    assert set(scale["phases"]) == {"push", "sql_payload", "scan_payload", "sample_get", "dataset", "snapshot",
+                                    "compact", "fsck", "restore"}
+    assert scale["pushed_bytes"] >= 128 << 20 and all(v["seconds"] > 0 for v in scale["phases"].values())
     assert summary(res).startswith("machine:")

@@ -39,6 +39,8 @@ class Config:
     memcpy_bytes: int
     disk_bytes: int
     s3_bytes: int
+    scale_bytes: int = 16 << 30  # the scale scenario: every path at this size ...
+    scale_budget_mb: int = 1024  # ... under this budget (issue 16)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,6 +82,8 @@ QUICK = Config(
     memcpy_bytes=128 << 20,
     disk_bytes=128 << 20,
     s3_bytes=16 << 20,
+    scale_bytes=128 << 20,
+    scale_budget_mb=8,
 )
 
 

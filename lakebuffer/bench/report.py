@@ -201,6 +201,14 @@ def summary(results: dict[str, Any]) -> str:
                 for m in ("verified", "unverified") if isinstance(r.get(m), dict) and "error" not in r[m]]
         parts.append("### verification cost\n" + _table(["reads", "snapshot s", "get p50 ms", "scan s"], rows)
                      + "\n\nratio: " + _ratios(r.get("ratio")))
+    r = sc.get("scale")
+    if r and "error" not in r.get("lakebuffer", {}):
+        lb = r["lakebuffer"]
+        rows = [[name, _f(v["peak_growth_bytes"] / 2**20, 0), _f(v["peak_growth_bytes"] / lb["bound_bytes"], 2), _f(v["seconds"], 1)]
+                for name, v in lb["phases"].items()]
+        parts.append(f"### scale: peak anonymous RSS per path, {lb['pushed_bytes'] / 2**30:.1f} GiB under {lb['budget_mb']} MB "
+                     f"(bound {lb['bound_bytes'] / 2**20:.0f} MB)\n"
+                     + _table(["path", "peak RssAnon growth MB", "of bound", "seconds"], rows))
     if any(k in sc for k in ("ingest", "sample", "snapshot_restore", "peak_rss")):
         parts.append("### targets\n" + targets_table(results))
     return "\n\n".join(parts)
