@@ -19,6 +19,7 @@ import contextlib
 import html
 import logging
 import os
+import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from .errors import ClosedError, LakeError, SchemaError
 from .index import KeyIndex
 from .options import BufferOptions
 from .results import Snapshot
+from .sandbox import QUERY_MEMORY_FLOOR
 from .schema import merge_schema, metadata_columns
 from .tiers import HotTier, WarmTier, WriteAheadLog
 from .tiers.eviction import EvictionPolicy
@@ -139,7 +141,14 @@ class ReplayBuffer:
         self.lake, lake_error = open_lake(self.lake_url, o.storage_options)
         self.index.put_setting("lake", self.lake_url.encode())  # for fsck's repair from the lake (no secrets)
         self.meta_columns = metadata_columns(self.schema)
-        self._catalog = Catalog(self.schema, self.meta_columns, threads=o.duckdb_threads)
+        # DuckDB gets half the budget (metadata table + query memory; the hot tier keeps the rest, see
+        # engine/budget.py), at least QUERY_MEMORY_FLOOR, and spills past it into the buffer's own folder,
+        # emptied of a crash's leftovers
+        spill = self.path / "tmp" / "duckdb"
+        shutil.rmtree(spill, ignore_errors=True)
+        spill.parent.mkdir(exist_ok=True)  # DuckDB creates the folder itself, not its parents
+        self._catalog = Catalog(self.schema, self.meta_columns, threads=o.duckdb_threads,
+                                memory_limit_bytes=max(self.memory_limit_bytes // 2, QUERY_MEMORY_FLOOR), spill_dir=spill)
         # two workers: a long snapshot upload (p0) must not stall write-back (p1), or pushes would block
         self.tasks = TaskQueue(workers=2)
         self._state = s = BufferState(

@@ -45,13 +45,14 @@ def check_predicate(where: str | None) -> str:
     return predicate.check(where, composed=True)
 
 
-def stream(sql: str, tables: dict[str, Any], batch_size: int, setup: list[str] = ()) -> Iterator[pa.RecordBatch]:
+def stream(sql: str, tables: dict[str, Any], batch_size: int, setup: list[str] = (),
+           memory_limit_bytes: int | None = None, spill_dir: Any = None) -> Iterator[pa.RecordBatch]:
     """Stream ``sql``'s result over ``tables`` (Arrow objects by name) from a private connection.
 
     A scan may be consumed slowly (a training loop); on its own connection it never holds the
     catalog's lock, and the registered objects are a consistent snapshot the caller chose.
     """
-    con = sandbox(duckdb.connect())
+    con = sandbox(duckdb.connect(), memory_limit_bytes, spill_dir)
     try:
         for name, obj in tables.items():
             con.register(name, obj)
@@ -80,16 +81,23 @@ class Catalog:
     """Thread-safe wrapper around one DuckDB connection (DuckDB connections are not)."""
 
     def __init__(
-        self, schema: pa.Schema, meta_columns: list[str], threads: int | None = None, native_meta: bool = True
+        self, schema: pa.Schema, meta_columns: list[str], threads: int | None = None, native_meta: bool = True,
+        memory_limit_bytes: int | None = None, spill_dir: Any = None,
     ) -> None:
-        """``native_meta=False`` (read-only lake views): ``meta`` and the views are defined by the caller."""
+        """``native_meta=False`` (read-only lake views): ``meta`` and the views are defined by the caller.
+
+        ``memory_limit_bytes`` bounds DuckDB (the ``meta`` table and every query's working memory); past
+        it DuckDB spills to ``spill_dir`` (``sandbox.default_spill_dir()`` if None)."""
+        self.memory_limit_bytes = memory_limit_bytes
+        self.spill_dir = spill_dir
         self.schema = schema
         self.meta_columns = meta_columns
         self.lock = threading.RLock()
         self.con = duckdb.connect(":memory:")
         if threads:
             self.con.execute(f"SET threads = {int(threads)}")
-        sandbox(self.con)  # no file or network access, no SET: the views read only what is registered
+        # no file or network access, no SET: the views read only what is registered
+        sandbox(self.con, memory_limit_bytes, spill_dir)
         self._empty = schema.empty_table()
         meta_schema = pa.schema([schema.field(c) for c in meta_columns] + [pa.field("_batch", pa.int64())])
         self.meta_schema = meta_schema

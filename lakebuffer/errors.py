@@ -120,6 +120,11 @@ def query_error(e: Exception) -> LakeBufferError:
     marker = "CorruptionError: "
     if marker in text:
         return CorruptionError(text[text.index(marker) + len(marker) :])
+    if type(e).__name__ == "OutOfMemoryException":  # DuckDB's share of memory_limit_mb, spilling included
+        first = text.splitlines()[0] if text else ""
+        return QueryError(f"{type(e).__name__}: {first} -- the query needs more than DuckDB's share of the "
+                          "buffer's memory (half of memory_limit_mb, at least 256 MB; it spills sorts and "
+                          "aggregates past it): raise memory_limit_mb, or select fewer payload columns")
     return QueryError(f"{type(e).__name__}: {text}")
 
 

@@ -17,7 +17,10 @@ Two layers, because either alone has holes:
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -30,11 +33,33 @@ _PIVOT = re.compile(r"^(?:UN)?PIVOT\b", re.I)
 _ALLOWED = "SELECT, WITH, FROM, VALUES, DESCRIBE, SHOW, SUMMARIZE, PIVOT, UNPIVOT, or EXPLAIN of one of those"
 
 
-def sandbox(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
-    """No file or network access from ``con`` and no configuration change, from now on.
+#: Working memory of a connection that has no budget of its own (a lake view, an eviction score);
+#: past it DuckDB spills to ``spill_dir`` (sorts, hash tables, even in-memory tables) instead of growing.
+DEFAULT_QUERY_MEMORY = 512 << 20
+#: DuckDB's least workable memory over rollouts: a 2,048-row vector of 4k-token lists is ~17 MB per
+#: column and each thread holds a few; under 32 MB a payload sort of 1 GB failed ("could not allocate"),
+#: at 256 MB it spilled and finished. The fixed part of the memory bound (300 MB) covers it.
+QUERY_MEMORY_FLOOR = 256 << 20
 
-    Set what the connection needs (``threads``) before calling this: the lock covers every option.
+
+def default_spill_dir() -> Path:
+    """Where budget-less connections spill: a per-process folder in the system's temp directory
+    (DuckDB's own default, ``.tmp`` in the current directory, would write into the user's cwd)."""
+    return Path(tempfile.gettempdir()) / f"lakebuffer-spill-{os.getpid()}"
+
+
+def sandbox(con: duckdb.DuckDBPyConnection, memory_limit_bytes: int | None = None,
+            spill_dir: str | os.PathLike | None = None) -> duckdb.DuckDBPyConnection:
+    """No file or network access from ``con`` and no configuration change, from now on; its memory
+    bounded by ``memory_limit_bytes`` (default ``DEFAULT_QUERY_MEMORY``), spilling to ``spill_dir``.
+
+    Set what else the connection needs (``threads``) before calling this: the lock covers every option.
+    Spilling still works with external access off (measured: a sort of 5M 100-byte strings under 100 MB).
     """
+    limit_kib = max(int(memory_limit_bytes or DEFAULT_QUERY_MEMORY) >> 10, 16 << 10)
+    spill = str(spill_dir or default_spill_dir()).replace("'", "''")
+    con.execute(f"SET memory_limit = '{limit_kib}KiB'")
+    con.execute(f"SET temp_directory = '{spill}'")
     # DuckDB estimates a Python Arrow scan (the warm Lance dataset, a lake dataset) at ~1 row, so its
     # build-side optimizer hashes the payload side of ``rollouts``' join with ``meta``: measured on 1 GB
     # of warm rollouts, ``avg(len(response_ids))`` took 530 MB of anonymous RSS, 74 MB with the flip off

@@ -30,14 +30,21 @@ def run_paths(tmp_path: Path, lake: str | None) -> dict:
 
 def over_bound(result: dict) -> dict[str, int]:
     bound = bound_bytes(result["budget_mb"])
-    return {k: v["peak_growth_bytes"] >> 20 for k, v in result["phases"].items() if v["peak_growth_bytes"] > bound}
+    return {k: v["peak_growth_bytes"] >> 20 for k, v in result["phases"].items()
+            if "peak_growth_bytes" in v and v["peak_growth_bytes"] > bound}
 
 
 def test_local_paths_stay_within_the_bound_at_16x_the_budget(tmp_path):
     r = run_paths(tmp_path, lake=None)
     assert r["pushed_bytes"] >= 16 * BUDGET_MB << 20
-    assert set(r["phases"]) == {"push", "sql_payload", "scan_payload", "sample_get", "dataset", "fsck"}
+    phases = r["phases"]
+    assert set(phases) - {"sql_sort_payload_error"} == {"push", "sql_payload", "sql_sort_payload", "scan_payload",
+                                                        "sample_get", "dataset", "fsck"}
     assert over_bound(r) == {}, f"MB over {bound_bytes(BUDGET_MB) >> 20} MB: {over_bound(r)}"
+    # a sort of 1 GB of payload under DuckDB's share either spills and finishes within the bound, or
+    # stops with an error that says what to change -- never grows past the bound
+    if "sql_sort_payload_error" in phases:
+        assert "raise memory_limit_mb" in phases["sql_sort_payload_error"]["error"]
 
 
 def test_payload_join_keeps_its_hash_table_on_meta(tmp_path):

@@ -109,6 +109,14 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
 
     measure(phases, "push", base, push)
     measure(phases, "sql_payload", base, lambda: buf.sql("SELECT avg(len(response_ids)), sum(list_sum(response_ids)) FROM rollouts"))
+
+    def sort_payload() -> None:  # needs more than DuckDB's share: spills, or says to raise the budget
+        try:
+            buf.sql("SELECT count(*), sum(len(response_ids)) FROM (SELECT response_ids FROM rollouts ORDER BY reward)")
+        except lb.QueryError as e:
+            phases["sql_sort_payload_error"] = {"error": str(e)[:400]}
+
+    measure(phases, "sql_sort_payload", base, sort_payload)
     measure(phases, "scan_payload", base, lambda: sum(b.num_rows for b in buf.scan(columns=["key", "response_ids", "response_logprobs"])))
 
     def sample_get() -> None:

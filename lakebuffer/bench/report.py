@@ -205,7 +205,7 @@ def summary(results: dict[str, Any]) -> str:
     if r and "error" not in r.get("lakebuffer", {}):
         lb = r["lakebuffer"]
         rows = [[name, _f(v["peak_growth_bytes"] / 2**20, 0), _f(v["peak_growth_bytes"] / lb["bound_bytes"], 2), _f(v["seconds"], 1)]
-                for name, v in lb["phases"].items()]
+                for name, v in lb["phases"].items() if "peak_growth_bytes" in v]
         parts.append(f"### scale: peak anonymous RSS per path, {lb['pushed_bytes'] / 2**30:.1f} GiB under {lb['budget_mb']} MB "
                      f"(bound {lb['bound_bytes'] / 2**20:.0f} MB)\n"
                      + _table(["path", "peak RssAnon growth MB", "of bound", "seconds"], rows))

@@ -84,7 +84,8 @@ def scan(s: BufferState, where: str | None, columns: Sequence[str] | None, batch
         tables = {f"{t.name}_data": t.arrow_source() for t in (s.hot, s.warm)}
     sql = s.catalog.render("scan", columns=", ".join(f'"{c}"' for c in cols), where=pred)
     try:
-        yield from stream(sql, tables, batch_size)
+        yield from stream(sql, tables, batch_size, memory_limit_bytes=s.catalog.memory_limit_bytes,
+                          spill_dir=s.catalog.spill_dir)
     except QueryError as e:
         if "warm_data" in str(e):  # DuckDB: "reading the stream registered as 'warm_data' failed"
             s.warm.check_readable(cols)  # raises CorruptionError naming the fragment

@@ -17,12 +17,13 @@ import sys
 from typing import Any
 
 from ..context import Context, error_entry
-from ..memory import bound_bytes
 
 NAME = "scale"
 
 
 def run(ctx: Context) -> dict[str, Any]:
+    from ..memory import bound_bytes  # not at import: ``python -m lakebuffer.bench.memory`` imports this package
+
     cfg = ctx.cfg
     root = ctx.tmp("scale")
     args = {"dir": str(root), "lake": str(root / "lake"), "bytes": cfg.scale_bytes, "budget_mb": cfg.scale_budget_mb}
@@ -46,7 +47,8 @@ def run(ctx: Context) -> dict[str, Any]:
     return {
         "lakebuffer": {"pushed_bytes": res["pushed_bytes"], "rows": res["rows"], "budget_mb": cfg.scale_budget_mb,
                        "bound_bytes": bound, "phases": phases},
-        "ratio": {f"{name}_peak_over_bound": v["peak_growth_bytes"] / bound for name, v in phases.items()},
+        "ratio": {f"{name}_peak_over_bound": v["peak_growth_bytes"] / bound for name, v in phases.items()
+                  if "peak_growth_bytes" in v},
         "note": "peak RssAnon growth per phase over the process after open + warm-up; bound = budget x 1.3 + 300 MB",
     }
 
