@@ -25,6 +25,7 @@ import pyarrow as pa
 from ..errors import CorruptionError, LakeError
 from ..lake import Lake
 from ..schema import conform_restored
+from .deadline import bounded_call, bounded_iter
 from .reads import read_batch
 from .state import BufferState
 from .tasks import P0
@@ -347,12 +348,14 @@ class Snapshots:
         marker = s.index.get_setting(RESTORING)
         if not fresh and marker is None:
             return
+        deadline = time.monotonic() + self.timeout_s if self.timeout_s else None
+        overdue = lambda: self._overdue("restore")  # noqa: E731
         try:
             lake = self._lake()
             if marker is None:
-                manifest = lake.latest_manifest(s.run_id)
+                manifest = bounded_call(lambda: lake.latest_manifest(s.run_id), deadline, overdue)
             else:
-                manifest = lake.manifest(s.run_id, int(marker.decode()))
+                manifest = bounded_call(lambda: lake.manifest(s.run_id, int(marker.decode())), deadline, overdue)
         except (LakeError, CorruptionError) as e:
             if marker is not None:
                 raise self._interrupted(None, None, e) from e
@@ -366,11 +369,11 @@ class Snapshots:
         s.index.put_setting(RESTORING, str(sid).encode())
         total = sum(int(f["rows"]) for f in manifest["files"])
         done = 0
-        deadline = time.monotonic() + self.timeout_s if self.timeout_s else None
+        # the deadline bounds every wait for the lake, also a read that stalls inside one batch
+        stream = bounded_iter(lake.scan_batches(s.run_id, snapshot_id=sid), deadline, overdue,
+                              name="lakebuffer-restore")
         try:
-            for rb in lake.scan_batches(s.run_id, snapshot_id=sid):
-                if deadline is not None and time.monotonic() > deadline:
-                    raise self._overdue("restore")
+            for rb in stream:
                 table = conform_restored(pa.Table.from_batches([rb]), s.schema, s.run_id)
                 n = table.num_rows
                 if marker is not None:  # resuming: skip the rows an earlier attempt installed
@@ -384,6 +387,8 @@ class Snapshots:
                     progress(done, total)
         except (LakeError, CorruptionError) as e:
             raise self._interrupted(done, total, e) from e
+        finally:
+            stream.close()
         s.index.put_setting("last_snapshot", str(sid).encode())
         s.index.delete_setting(RESTORING)
         self._last.update(id=sid, at=None, error=None)
