@@ -400,7 +400,7 @@ def _print_fsck(report: dict[str, Any]) -> None:
     verdict = "[green]ok[/green]" if report.get("ok") else "[red]PROBLEMS[/red]"
     console.print(f"fsck {report.get('path', '')}: {verdict}")
     for key, value in report.items():
-        if key in ("ok", "path"):
+        if key in ("ok", "path", "quarantine", "quarantine_help"):
             continue
         if isinstance(value, list):
             console.print(f"  {key}: {len(value)}")
@@ -409,6 +409,19 @@ def _print_fsck(report: dict[str, Any]) -> None:
                               highlight=False)
         else:
             console.print(f"  {key}: {_short(value)}", highlight=False)
+    _print_quarantine(report.get("quarantine") or [], report.get("quarantine_help"))
+
+
+def _print_quarantine(entries: list[dict[str, Any]], help_text: str | None) -> None:
+    """What fsck found in the quarantine folder: one line per file (size, why), then how to dispose."""
+    total = sum(int(e.get("bytes") or 0) for e in entries)
+    console.print(f"  quarantine: {len(entries)} file(s), {_mb(total)}", highlight=False)
+    for e in entries:
+        why = e.get("why") or "reason not recorded"
+        when = f", {e['at']}" if e.get("at") else ""
+        console.print(f"    - {e['path']} ({e.get('bytes', 0)} bytes{when}): {why}", highlight=False, soft_wrap=True)
+    if help_text:
+        console.print(f"  to dispose: {help_text}", highlight=False, soft_wrap=True)
 
 
 @app.command()

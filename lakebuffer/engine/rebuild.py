@@ -7,7 +7,7 @@ pushed value), deletes not yet carried to the lake (tombstones) and, without a r
 rows a snapshot already holds. With the lake (``--lake``, or ``<dir>/lake`` when it exists), rows
 whose keys its last snapshot holds are marked snapshotted, so they are not uploaded twice.
 
-Nothing is deleted: the damaged index is moved aside to ``index.damaged-<time>``, and a WAL segment
+Nothing is deleted: the damaged index is moved aside to ``quarantine/index/index.damaged-<time>``, and a WAL segment
 that fails its checksum goes to ``quarantine/wal/``. Warm fragments cannot be checked against
 checksums (those were in the index): each is decoded whole, and its checksum is taken as it is now.
 """
@@ -30,6 +30,7 @@ from ..index import BatchInfo, KeyIndex
 from ..schema import metadata_columns
 from ..tiers import WriteAheadLog, table_bytes
 from ..tiers.warm import fragment_checksum
+from . import quarantine
 from .recovery import quarantine_segment
 
 log = logging.getLogger("lakebuffer")
@@ -80,8 +81,9 @@ def rebuild_index(path: Path, lake_url: str | None, storage_options: dict | None
     problems: list[str] = []
     index_dir = path / "index"
     if index_dir.exists():
-        aside = path / f"index.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-        os.replace(index_dir, aside)
+        aside = quarantine.move(index_dir, path, "index", "RocksDB could not read it (or it lost entries); "
+                                "fsck --repair rebuilt the index from the fragments and WAL",
+                                name=f"index.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
         repaired.append(f"moved the damaged index aside to {aside}")
     lance_dir = path / "warm" / "rollouts.lance"
     ds = lance.dataset(str(lance_dir)) if (lance_dir / "_versions").is_dir() else None
@@ -92,7 +94,7 @@ def rebuild_index(path: Path, lake_url: str | None, storage_options: dict | None
         try:
             segments[bid] = wal.read(bid)
         except CorruptionError as e:
-            target = quarantine_segment(wal, bid, path)
+            target = quarantine_segment(wal, bid, path, f"it fails its check ({e}); found by fsck --repair")
             problems.append(f"WAL segment {bid} fails its check and was not used (moved to {target}): {e}")
     if ds is not None:
         schema = ds.schema
@@ -158,12 +160,12 @@ def rebuild_index(path: Path, lake_url: str | None, storage_options: dict | None
         for bid, table in sorted(segments.items()):
             keys = table.column("key").to_pylist()
             if seen.issuperset(keys):
-                target = quarantine_segment(wal, bid, path)
+                target = quarantine_segment(wal, bid, path, "its rows are all in a warm fragment (a write-back's leftover)")
                 repaired.append(f"WAL segment {bid} repeats rows of a warm fragment (a write-back's leftover): "
                                 f"moved to {target}")
                 continue
             if seen.intersection(keys):
-                target = quarantine_segment(wal, bid, path)
+                target = quarantine_segment(wal, bid, path, "it shares some keys with other data (not used by the index rebuild)")
                 problems.append(f"WAL segment {bid} shares some keys with other data and was not used "
                                 f"(moved to {target})")
                 continue
