@@ -26,12 +26,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import CorruptionError, LakeBufferError
-from ..index import BatchInfo, KeyIndex
+from ..index import BatchInfo, KeyIndex, probe
 from ..schema import metadata_columns
 from ..tiers import WriteAheadLog, table_bytes
 from ..tiers.warm import fragment_checksum
 from . import quarantine
 from .recovery import quarantine_segment
+from .snapshots import RESTORING
 
 log = logging.getLogger("lakebuffer")
 
@@ -75,11 +76,26 @@ def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
 
 
+#: settings of the old index worth keeping when it can still read them: an unfinished restore's mark
+#: (without it a half-restored directory would open as complete), the run's source lake, its writer id
+_CARRIED = (RESTORING, "restored_from", "writer_id")
+
+
+def _readable_settings(index_dir: Path) -> dict[str, bytes]:
+    """The ``_CARRIED`` settings the damaged index still gives on a read-only look (often none)."""
+    try:
+        settings = probe(index_dir) or {}
+    except LakeBufferError:
+        return {}
+    return {k: settings[k] for k in _CARRIED if k in settings}
+
+
 def rebuild_index(path: Path, lake_url: str | None, storage_options: dict | None) -> dict[str, Any]:
     """Build a new index from ``path``'s fragments and WAL; ``{"repaired", "problems", "lost_keys"}``."""
     repaired: list[str] = []
     problems: list[str] = []
     index_dir = path / "index"
+    carried = _readable_settings(index_dir)
     if index_dir.exists():
         aside = quarantine.move(index_dir, path, "index", "RocksDB could not read it (or it lost entries); "
                                 "fsck --repair rebuilt the index from the fragments and WAL",
@@ -181,6 +197,11 @@ def rebuild_index(path: Path, lake_url: str | None, storage_options: dict | None
             index.put_setting("last_snapshot", str(sid).encode())
         index.set_next_seq(seq)
         index.set_next_batch(next_bid)
+        for name, value in carried.items():
+            index.put_setting(name, value)
+        if RESTORING in carried:
+            repaired.append(f"kept the mark of an unfinished restore (snapshot {carried[RESTORING].decode()}): "
+                            "opening the buffer resumes it")
         repaired.append(f"rebuilt the index of run {run_id!r} from {len(seen)} keys ({rows} rows) in the warm "
                         f"fragments and WAL; key sequence restarts at {seq}")
         problems.append("the index was rebuilt: replay counts since push and deletes not yet carried to the lake "

@@ -247,10 +247,7 @@ class Snapshots:
                          cancel: threading.Event | None = None) -> tuple[dict | None, bool]:
         """One bounded commit; (its manifest, whether batches up to ``upto`` are still behind)."""
         s = self.s
-        try:
-            self.reconcile()
-        except CorruptionError as e:  # a damaged manifest of the lake
-            raise damaged_lake(self.lake_url, e) from e
+        self.reconcile()  # a damaged manifest is reported as the lake's (damaged_lake), the index's as its own
         with s.lock:
             behind = sorted(b for b, i in s.batches.items() if i.snapshot is None and (upto is None or b <= upto))
             pending = self._step(behind)
@@ -312,18 +309,24 @@ class Snapshots:
         return manifest, more
 
     def reconcile(self) -> None:
-        """Mark batches a committed snapshot holds although the index missed it (crash after commit)."""
+        """Mark batches a committed snapshot holds although the index missed it (crash after commit).
+
+        The lake is read first (a damaged manifest raises ``damaged_lake``), then the index is
+        updated (its own errors, named as the index's, pass through unchanged)."""
         s = self.s
         last = s.index.get_setting("last_snapshot")
         seen = int(last.decode()) if last else 0
         lake = self._lake()
-        newer = [sid for sid in lake.snapshots(s.run_id) if sid > seen]
+        try:
+            newer = [sid for sid in lake.snapshots(s.run_id) if sid > seen]
+            metas = [(sid, lake.manifest(s.run_id, sid).get("meta", {})) for sid in newer]
+        except CorruptionError as e:  # a damaged manifest of the lake
+            raise damaged_lake(self.lake_url, e) from e
         if not newer:
             return
         with s.lock:
             infos = []
-            for sid in newer:
-                meta = lake.manifest(s.run_id, sid).get("meta", {})
+            for sid, meta in metas:
                 if meta.get("writer", self.writer_id) != self.writer_id:
                     continue  # another writer's batch ids say nothing about ours
                 for bid in meta.get("batches", []):
@@ -373,20 +376,27 @@ class Snapshots:
         stream = bounded_iter(lake.scan_batches(s.run_id, snapshot_id=sid), deadline, overdue,
                               name="lakebuffer-restore")
         try:
-            for rb in stream:
+            while True:
+                try:  # only what the lake raises is the lake's: the index's damage is its own
+                    rb = next(stream, None)
+                except (LakeError, CorruptionError) as e:
+                    raise self._interrupted(done, total, e) from e
+                if rb is None:
+                    break
                 table = conform_restored(pa.Table.from_batches([rb]), s.schema, s.run_id)
                 n = table.num_rows
-                if marker is not None:  # resuming: skip the rows an earlier attempt installed
-                    _, _, found = s.index.lookup(table.column("key").to_pylist())
-                    if found.any():
-                        table = table.filter(pa.array(~found))
-                if table.num_rows:
-                    self.installer.install(table, snapshot=sid)
+                try:
+                    if marker is not None:  # resuming: skip the rows an earlier attempt installed
+                        _, _, found = s.index.lookup(table.column("key").to_pylist())
+                        if found.any():
+                            table = table.filter(pa.array(~found))
+                    if table.num_rows:
+                        self.installer.install(table, snapshot=sid)
+                except CorruptionError as e:
+                    raise self._local_damage(e) from e
                 done += n
                 if progress is not None:
                     progress(done, total)
-        except (LakeError, CorruptionError) as e:
-            raise self._interrupted(done, total, e) from e
         finally:
             stream.close()
         s.index.put_setting("last_snapshot", str(sid).encode())
@@ -395,13 +405,22 @@ class Snapshots:
         log.info("restored %d rollouts of run %r from %s (snapshot %s)", done, s.run_id, self.lake_url, sid)
 
     def _interrupted(self, done: int | None, total: int | None, e: Exception) -> LakeError | CorruptionError:
-        """The refusal of an unfinished restore; a damaged lake file stays a ``CorruptionError``."""
+        """The refusal of a restore the lake interrupted; a damaged lake file stays a ``CorruptionError``."""
         where = f" after {done} of {total} rows" if done is not None else ""
-        cls = CorruptionError if isinstance(e, CorruptionError) else LakeError
-        return cls(
+        damaged = isinstance(e, CorruptionError)
+        when = "once the damaged lake file is restored from a copy" if damaged else "once the lake is reachable"
+        return (CorruptionError if damaged else LakeError)(
             f"the restore of run {self.s.run_id!r} into {self.s.path} from {self.lake_url} was interrupted{where} "
-            f"({e}); nothing is served until it completes: open the buffer again once the lake is reachable "
+            f"({e}); nothing is served until it completes: open the buffer again {when} "
             f"(the restore resumes where it stopped), or delete {self.s.path} to give it up")
+
+    def _local_damage(self, e: CorruptionError) -> CorruptionError:
+        """The refusal of a restore whose local side (the key index, the warm tier) is damaged: the
+        lake is fine, so the message names the local part and its fix, not the lake."""
+        return CorruptionError(
+            f"{e} [while restoring run {self.s.run_id!r} into {self.s.path}; the lake {self.lake_url} is not at fault. "
+            f"Nothing is served until the restore completes: after `lakebuffer fsck --repair {self.s.path}` opening "
+            f"again resumes it; or delete {self.s.path} (it holds only rows restored from the lake) and open again]")
 
     # the lake's views and stats ---------------------------------------------------------
     def refresh_cold(self) -> None:
