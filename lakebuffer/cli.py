@@ -318,11 +318,20 @@ def compact(
     """Rewrite the lake's small files into large partitioned files."""
 
     def go() -> None:
-        with _open(path, _opt("lake", lake), _storage_options(storage_options)) as buf:
+        from .buffer import ReplayBuffer
+
+        opts = _storage_options(storage_options)
+        with _open(path, _opt("lake", lake), opts) as buf:
             with _progress() as prog:
                 task = prog.add_task("compact", total=None)
-                res = buf.compact(target_file_bytes=int(target_mb * 2**20),
-                                  progress=lambda done, total: prog.update(task, completed=done, total=total))
+                tick = lambda done, total: prog.update(task, completed=done, total=total)  # noqa: E731
+                if isinstance(buf, ReplayBuffer):
+                    res = buf.compact(target_file_bytes=int(target_mb * 2**20), progress=tick)
+                else:  # a lake URL: its views are read-only, so compaction takes a writable handle of its own
+                    from .lake import Lake
+
+                    res = Lake(buf.url, opts).compact(buf.run_id, target_file_bytes=int(target_mb * 2**20),
+                                                      progress=tick)
         if as_json:
             console.print_json(json.dumps(res, default=str))
         else:

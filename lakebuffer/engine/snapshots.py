@@ -135,12 +135,25 @@ class Snapshots:
         self.writer_id = wid.decode()
         if self.lake is None:  # a damaged lake (reported in stats): snapshots claim it once it is fixed
             return
-        self.lake.claims.claim(s.run_id, self.writer_id, str(s.path.resolve()), takeover=takeover)
+        try:
+            self.lake.claims.claim(s.run_id, self.writer_id, str(s.path.resolve()), takeover=takeover)
+        except CorruptionError as e:  # a damaged claim file: like any damaged lake file, no lockout
+            log.error("the lake %s is damaged; the buffer opens on its local tiers only: %s", self.lake_url, e)
+            self._last["error"] = str(damaged_lake(self.lake_url, e))
+            return
         self._claimed = True
 
     def release(self) -> None:
-        if self.writer_id and self.lake is not None:
-            self.lake.claims.release(self.s.run_id, self.writer_id)
+        """Give the run's claim back (best effort, within ``lake_timeout_s``: a stalled lake must not
+        hold ``close()``; a claim left behind is this directory's own and is taken again at its next open)."""
+        if self.writer_id and self.lake is not None and self._claimed:
+            lake, run, wid = self.lake, self.s.run_id, self.writer_id
+            deadline = time.monotonic() + self.timeout_s if self.timeout_s else None
+            try:
+                bounded_call(lambda: lake.claims.release(run, wid), deadline, lambda: self._overdue("releasing the claim"),
+                             name="lakebuffer-release")
+            except LakeError as e:
+                log.warning("could not release the run's writer claim on %s: %s", self.lake_url, e)
 
     # timer -------------------------------------------------------------------------------
     def start_timer(self) -> None:
@@ -260,7 +273,10 @@ class Snapshots:
         if self._claimed:  # another buffer took the run over since: refuse
             lake.claims.check(s.run_id, str(self.writer_id))
         else:  # the lake was damaged at open: claim it now that it reads
-            lake.claims.claim(s.run_id, str(self.writer_id), str(s.path.resolve()), takeover=False)
+            try:
+                lake.claims.claim(s.run_id, str(self.writer_id), str(s.path.resolve()), takeover=False)
+            except CorruptionError as e:
+                raise damaged_lake(self.lake_url, e) from e
             self._claimed = True
         total = sum(s.batches[b].rows for b in pending if b in s.batches)
         done = 0
