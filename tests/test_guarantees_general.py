@@ -81,15 +81,17 @@ def _claim_file(lake: Path) -> Path:
 def test_a_damaged_writer_claim_leaves_local_tiers_open_and_reported(tmp_path):
     lake = tmp_path / "lake"
     opts = {"lake": f"file://{lake}", "snapshot_interval_s": 0, "memory_limit_mb": 2}
-    buf = lb.ReplayBuffer.open(tmp_path / "a", run_id="claim", **opts)
-    first = buf.push(make_rollouts(32, tokens=8, seed=1)).to_pylist()
-    buf.snapshot(wait=True)
-    second = buf.push(make_rollouts(32, tokens=8, seed=2)).to_pylist()  # local only
+    with lb.ReplayBuffer.open(tmp_path / "a", run_id="claim", **opts) as buf:
+        first = buf.push(make_rollouts(32, tokens=8, seed=1)).to_pylist()
+        buf.snapshot(wait=True)
+        second = buf.push(make_rollouts(32, tokens=8, seed=2)).to_pylist()  # local only
+    # another directory takes the run over and crashes: its claim stays in the lake, then gets damaged
+    code = (f"import os, signal, lakebuffer as lb\n"
+            f"lb.ReplayBuffer.open({str(tmp_path / 'b')!r}, run_id='claim', takeover=True, lake={opts['lake']!r}, "
+            f"snapshot_interval_s=0)\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=120)
     claim = _claim_file(lake)
     saved = claim.read_bytes()
-    buf._dirlock.release()  # a crash: the claim stays, and then it is damaged
-    buf._snapshots._claimed = False
-    buf.close()
     claim.write_bytes(saved[: len(saved) // 2])
 
     buf = lb.ReplayBuffer.open(tmp_path / "a", **opts)  # opens: the local tiers are intact
@@ -100,8 +102,8 @@ def test_a_damaged_writer_claim_leaves_local_tiers_open_and_reported(tmp_path):
         more = buf.push(make_rollouts(8, tokens=8, seed=3)).to_pylist()
         with pytest.raises(lb.LakeError, match="damaged"):  # no snapshot while the claim cannot be read
             buf.snapshot(wait=True)
-        claim.write_bytes(saved)  # fixed: the next snapshot claims the run and carries everything pending
-        buf.snapshot(wait=True)
+        claim.unlink()  # the fix the error names (the crashed writer's claim is gone for good)
+        buf.snapshot(wait=True)  # claims the run and carries everything pending
         assert buf.stats()["cold"]["last_error"] is None and buf.stats()["cold"]["lag_rows"] == 0
     finally:
         buf.close()
