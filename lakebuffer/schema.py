@@ -259,7 +259,7 @@ def _refuse_overflow(name: str, before: pa.ChunkedArray | pa.Array, after: pa.Ch
     if n:
         first = b.filter(overflow)[0].as_py()
         raise SchemaError(f"column {name!r} has {n} value(s) beyond the range of {after.type} (first: {first}): "
-                          f"they would become infinite; scale them or declare the column with a wider type")
+                          f"they would become non-finite (inf); scale them or declare the column with a wider type")
 
 
 def conform_restored(table: pa.Table, schema: pa.Schema, run_id: str) -> pa.Table:
