@@ -318,11 +318,20 @@ def compact(
     """Rewrite the lake's small files into large partitioned files."""
 
     def go() -> None:
-        with _open(path, _opt("lake", lake), _storage_options(storage_options)) as buf:
+        from .buffer import ReplayBuffer
+
+        opts = _storage_options(storage_options)
+        with _open(path, _opt("lake", lake), opts) as buf:
             with _progress() as prog:
                 task = prog.add_task("compact", total=None)
-                res = buf.compact(target_file_bytes=int(target_mb * 2**20),
-                                  progress=lambda done, total: prog.update(task, completed=done, total=total))
+                tick = lambda done, total: prog.update(task, completed=done, total=total)  # noqa: E731
+                if isinstance(buf, ReplayBuffer):
+                    res = buf.compact(target_file_bytes=int(target_mb * 2**20), progress=tick)
+                else:  # a lake URL: its views are read-only, so compaction takes a writable handle of its own
+                    from .lake import Lake
+
+                    res = Lake(buf.url, opts).compact(buf.run_id, target_file_bytes=int(target_mb * 2**20),
+                                                      progress=tick)
         if as_json:
             console.print_json(json.dumps(res, default=str))
         else:
@@ -400,7 +409,7 @@ def _print_fsck(report: dict[str, Any]) -> None:
     verdict = "[green]ok[/green]" if report.get("ok") else "[red]PROBLEMS[/red]"
     console.print(f"fsck {report.get('path', '')}: {verdict}")
     for key, value in report.items():
-        if key in ("ok", "path"):
+        if key in ("ok", "path", "quarantine", "quarantine_help"):
             continue
         if isinstance(value, list):
             console.print(f"  {key}: {len(value)}")
@@ -409,6 +418,19 @@ def _print_fsck(report: dict[str, Any]) -> None:
                               highlight=False)
         else:
             console.print(f"  {key}: {_short(value)}", highlight=False)
+    _print_quarantine(report.get("quarantine") or [], report.get("quarantine_help"))
+
+
+def _print_quarantine(entries: list[dict[str, Any]], help_text: str | None) -> None:
+    """What fsck found in the quarantine folder: one line per file (size, why), then how to dispose."""
+    total = sum(int(e.get("bytes") or 0) for e in entries)
+    console.print(f"  quarantine: {len(entries)} file(s), {_mb(total)}", highlight=False)
+    for e in entries:
+        why = e.get("why") or "reason not recorded"
+        when = f", {e['at']}" if e.get("at") else ""
+        console.print(f"    - {e['path']} ({e.get('bytes', 0)} bytes{when}): {why}", highlight=False, soft_wrap=True)
+    if help_text:
+        console.print(f"  to dispose: {help_text}", highlight=False, soft_wrap=True)
 
 
 @app.command()

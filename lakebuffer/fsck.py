@@ -16,6 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from .engine import quarantine
 from .engine.dirlock import DirLock
 from .engine.rebuild import rebuild_index
 from .engine.recovery import has_local_data, quarantine_segment, sweep_wal, unexplained_fragments
@@ -28,36 +29,49 @@ from .tiers import WarmTier, WriteAheadLog
 
 def check(path: str | Path, repair: bool = False, lake: str | None = None,
           storage_options: dict | None = None) -> dict[str, Any]:
-    """Return ``{"ok", "problems", "repaired", "lost_keys", "batches", "keys"}``; ``repair`` fixes what can be.
+    """Return ``{"ok", "problems", "repaired", "lost_keys", "batches", "keys", "quarantine"}`` (and
+    ``quarantine_help`` when files are in quarantine); ``repair`` fixes what can be.
 
     Repairs: drop warm fragments a crash left (their rows never acknowledged or stored elsewhere),
     quarantine WAL segments no batch refers to; rebuild a broken batch from the cold lake when a
     snapshot holds its rows and the lake's copy passes its check (``lake`` defaults to the URL the
     buffer was last opened with); forget the rest (their keys are listed as lost). A damaged index
     is rebuilt from the fragments and WAL.
+
+    ``quarantine`` lists what recovery or a repair moved into ``<path>/quarantine/`` (path, bytes,
+    why, when): kept, never served, and not a problem by itself (``ok`` ignores it); how to dispose
+    of it is in ``quarantine_help``.
     """
     path = Path(path)
     if not (path / "index").is_dir() and not has_local_data(path):
         raise FileNotFoundError(f"{path} is not a lakebuffer directory (no index/, fragments or WAL)")
     lock = DirLock(path).acquire(hint="close it before fsck")
     try:
-        damage = _index_damage(path)
-        if damage is None:
-            try:
-                return _check(path, repair, lake, storage_options)
-            except _Damaged as e:
-                damage = str(e)
-            except CorruptionError as e:  # RocksDB failed part way through the check
-                damage = str(e)
-        report = {"ok": False, "problems": [damage], "repaired": [], "lost_keys": [], "batches": 0, "keys": 0}
-        if repair:
-            stored = _stored_lake(path)
-            done = rebuild_index(path, lake or stored, storage_options)
-            report["problems"] += done["problems"]
-            report["repaired"] += done["repaired"]
+        report = _check_or_rebuild(path, repair, lake, storage_options)
+        report["quarantine"] = quarantine.listing(path)
+        if report["quarantine"]:
+            report["quarantine_help"] = quarantine.how_to_dispose(path)
         return report
     finally:
         lock.release()
+
+
+def _check_or_rebuild(path: Path, repair: bool, lake: str | None, storage_options: dict | None) -> dict[str, Any]:
+    damage = _index_damage(path)
+    if damage is None:
+        try:
+            return _check(path, repair, lake, storage_options)
+        except _Damaged as e:
+            damage = str(e)
+        except CorruptionError as e:  # RocksDB failed part way through the check
+            damage = str(e)
+    report = {"ok": False, "problems": [damage], "repaired": [], "lost_keys": [], "batches": 0, "keys": 0}
+    if repair:
+        stored = _stored_lake(path)
+        done = rebuild_index(path, lake or stored, storage_options)
+        report["problems"] += done["problems"]
+        report["repaired"] += done["repaired"]
+    return report
 
 
 class _Damaged(Exception):
@@ -165,7 +179,7 @@ def _check(path: Path, repair: bool, lake_url: str | None, storage_options: dict
             for bid in broken:
                 info = batches[bid]
                 if info.tier == "hot" and bid in wal_ids and wal.segment_path(bid).exists():
-                    target = quarantine_segment(wal, bid, path)  # kept for inspection, never served
+                    target = quarantine_segment(wal, bid, path, "it fails its checksum (fsck --repair)")
                     repaired.append(f"moved WAL segment {bid}, which fails its check, to {target}")
                 meta = index.batch_meta(bid)
                 keys = meta.column("key").to_pylist() if meta is not None else []

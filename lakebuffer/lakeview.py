@@ -112,11 +112,10 @@ class LakeView:
         st = self.lake.stats(self.run_id)
         return {"run_id": self.run_id, "url": self.url, "runs": self.lake.runs(), "cold": st}
 
-    def compact(self, target_file_bytes: int = 256 * 2**20, progress: Any = None) -> dict:
-        """Compaction of every run (needs a writable lake handle: opened separately)."""
-        self._check()
-        writable = Lake(self.url, self.lake.storage_options)
-        return writable.compact(self.run_id, target_file_bytes=target_file_bytes, progress=progress)
+    def compact(self, *_: Any, **__: Any) -> dict:
+        """Refused: a view writes nothing, maintenance included (compaction rewrites the lake's files)."""
+        raise ReadOnlyError("a lake view is read-only; compact the lake with `lakebuffer compact <url>`, "
+                            "lakebuffer.lake.Lake(url).compact(), or the run's ReplayBuffer.compact()")
 
     def __len__(self) -> int:
         return self.count()

@@ -214,9 +214,11 @@ def conform(table: pa.Table, schema: pa.Schema, *, run_id: str, now: Any, keys: 
             if not _compatible(col.type, field.type):
                 raise SchemaError(f"column {name!r} has type {col.type}, expected {field.type}")
             try:
-                col = col.cast(field.type, safe=True)
+                cast = col.cast(field.type, safe=True)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
                 raise SchemaError(f"column {name!r} cannot be cast to {field.type}: {e}") from e
+            _refuse_overflow(name, col, cast)
+            col = cast
         else:
             col = None
         col = _fill_default(name, col, n, run_id=run_id, now=now, keys=keys, filled=columns, type_=field.type)
@@ -232,6 +234,32 @@ def conform(table: pa.Table, schema: pa.Schema, *, run_id: str, now: Any, keys: 
         raise SchemaError(f"column 'reward' has {n_bad} non-finite value(s) as {reward.type} (first: {first}; "
                           "NaN, +-inf, or beyond the type's range); rewards must be finite numbers")
     return pa.table(columns, schema=schema)
+
+
+def _floats(col: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array | None:
+    """The float values of a float column or of a (nested) list of floats, flattened; None otherwise."""
+    t = col.type
+    while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        col = pc.list_flatten(col)
+        t = col.type
+    return col if pa.types.is_floating(t) else None
+
+
+def _refuse_overflow(name: str, before: pa.ChunkedArray | pa.Array, after: pa.ChunkedArray | pa.Array) -> None:
+    """``SchemaError`` if the cast to the schema's type made a finite float infinite (a float64 1e300 as
+    float32): every float column, nested or not, keeps what was pushed or refuses it, never changes it
+    silently. (NaN and +-inf pushed as such pass here; ``reward`` refuses them separately.)"""
+    if before.type.equals(after.type):
+        return
+    b, a = _floats(before), _floats(after)
+    if b is None or a is None or len(b) != len(a):
+        return
+    overflow = pc.and_(pc.is_finite(b), pc.invert(pc.is_finite(a)))
+    n = pc.sum(overflow.cast(pa.int64())).as_py() or 0
+    if n:
+        first = b.filter(overflow)[0].as_py()
+        raise SchemaError(f"column {name!r} has {n} value(s) beyond the range of {after.type} (first: {first}): "
+                          f"they would become non-finite (inf); scale them or declare the column with a wider type")
 
 
 def conform_restored(table: pa.Table, schema: pa.Schema, run_id: str) -> pa.Table:

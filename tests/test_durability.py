@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -24,35 +25,46 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _run_and_kill(path: Path, seed: int, delay: float, lake: str | None = None, mode: str = "",
-                  storage_options: dict | None = None) -> list[str]:
-    """Start the worker, let it push for ``delay`` s after it is ready, SIGKILL it; return acked keys."""
+                  storage_options: dict | None = None, events: list[dict] | None = None,
+                  kill_when: Callable[[dict], bool] | None = None) -> list[str]:
+    """Start the worker, let it work for ``delay`` s after it is ready (or until it prints a message
+    ``kill_when`` accepts), SIGKILL it; return acked keys (its other messages go to ``events``)."""
     args = [sys.executable, "-m", "tests.crash_worker", str(path), str(seed)] + ([lake] if lake else []) + ([mode] if mode else [])
     if storage_options is not None:  # the worker's 5th argument, after the lake and the mode
         args += ([] if mode else ["push"]) + [json.dumps(storage_options)]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=False)
     lines: list[bytes] = []
     ready = threading.Event()
+    killed = threading.Event()
 
     def reader() -> None:
         for line in proc.stdout:
             lines.append(line)
             if b'"ready"' in line:
                 ready.set()
+            elif kill_when is not None and not killed.is_set() and kill_when(json.loads(line)):
+                os.kill(proc.pid, signal.SIGKILL)  # at once, from here: the worker is mid-step
+                killed.set()
 
     th = threading.Thread(target=reader, daemon=True)
     th.start()
     if not ready.wait(60):
         proc.kill()
         raise AssertionError(f"worker did not start: {proc.stderr.read().decode()[-2000:]}")
-    time.sleep(delay)
-    os.kill(proc.pid, signal.SIGKILL)
+    if not killed.wait(delay):
+        killed.set()
+        os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     th.join(5)
+    if proc.returncode != -signal.SIGKILL:  # it ended by itself before the kill: an error, not a crash
+        raise AssertionError(f"worker exited with {proc.returncode} before the kill: {proc.stderr.read().decode()[-3000:]}")
     acked = []
     for line in lines:
         if line.endswith(b"\n"):
             msg = json.loads(line)
             acked += msg.get("keys", [])
+            if events is not None and "keys" not in msg:
+                events.append(msg)
     return acked
 
 
@@ -108,6 +120,90 @@ def test_kill_minus_nine_during_snapshot_compact_and_gc_of_an_s3_lake(tmp_path, 
     """The same on S3 (moto); ``LAKEBUFFER_CRASH_KILLS`` raises the number of kills (default 6)."""
     kills = int(os.environ.get("LAKEBUFFER_CRASH_KILLS", "6"))
     _kill_while_maintaining(tmp_path, f"{s3_bucket}/lake", kills, 8765, s3_server.storage_options)
+
+
+def _lake_keys(lake: str, storage_options: dict | None = None) -> list[str]:
+    """Every key in the lake (all runs), read through a lake view (which verifies the files)."""
+    with lb.ReplayBuffer.open_lake(lake, storage_options=storage_options) as view:
+        return view.sql("SELECT key FROM rollouts").column(0).to_pylist()
+
+
+def test_kill_minus_nine_during_restore_and_its_resume(tmp_path):
+    """A fresh directory restores a run from the lake; the worker is killed at a random point (before,
+    during or after the restore), another one reopens the directory (resuming the restore) and is
+    killed too. Then the directory opens with every lake row and every acked push exactly once, or is
+    refused with the interrupted-restore error: never half-open. ``LAKEBUFFER_CRASH_KILLS`` sets the
+    number of kills (default 12, two per directory)."""
+    from tests.crash_worker import RESTORE_RUN
+
+    lake = str(tmp_path / "lake")
+    with lb.ReplayBuffer.open(tmp_path / "src", lake=lake, snapshot_interval_s=0, memory_limit_mb=1,
+                              run_id=RESTORE_RUN) as src:
+        for v in range(10):  # ten commits: ten files, restored in ten installs
+            src.push(make_rollouts(64, tokens=64, version=v, seed=v))
+            src.snapshot(wait=True)
+    lake_keys = _lake_keys(lake)
+    assert len(lake_keys) == 640
+    rng = random.Random(2468)
+    kills = int(os.environ.get("LAKEBUFFER_CRASH_KILLS", "12"))
+    mid_restore = 0
+    for i in range(0, kills, 2):
+        path = tmp_path / f"dst{i}"
+        acked: list[str] = []
+        for j in range(2):
+            events: list[dict] = []
+            # the first worker is killed once the restore passed a random row count (then mid-install),
+            # the second (resuming it, or pushing) at a random moment
+            at = rng.randrange(1, len(lake_keys))
+            acked += _run_and_kill(path, seed=1000 + i + j, delay=5.0 if j == 0 else rng.uniform(0.0, 1.0), lake=lake,
+                                   mode="restore", events=events,
+                                   kill_when=(lambda m, at=at: m.get("restored", 0) >= at) if j == 0 else None)
+            done = [e["restored"] for e in events if "restored" in e]
+            mid_restore += bool(done) and done[-1] < len(lake_keys)
+        try:
+            buf = lb.ReplayBuffer.open(path, memory_limit_mb=1, snapshot_interval_s=0, lake=lake)
+        except lb.LakeBufferError as e:  # refused is allowed only as the clear interrupted-restore error
+            assert "interrupted" in str(e), f"kill {i}: {type(e).__name__}: {e}"
+            raise AssertionError(f"kill {i}: a reachable lake should let the restore resume: {e}") from e
+        with buf:
+            stored = buf.sql("SELECT key FROM rollouts").column("key").to_pylist()
+            assert len(stored) == len(set(stored)), f"kill {i}: duplicate keys after the restore"
+            assert set(lake_keys) | set(acked) <= set(stored), (
+                f"kill {i}: {len(set(lake_keys) - set(stored))} lake rows and {len(set(acked) - set(stored))} "
+                f"acked rows missing")
+            # beyond them only a push stored just before its worker's kill (not acknowledged yet): whole batches
+            extra = set(stored) - set(lake_keys) - set(acked)
+            assert len(extra) % 32 == 0 and len(extra) <= 2 * 32, f"kill {i}: {len(extra)} unexpected rows"
+            assert not set(acked) & set(lake_keys)  # pushes after a restore never reuse the lake's keys
+        assert fsck(path)["ok"]
+    print(f"{mid_restore} of {kills} kills landed inside a restore")
+    assert mid_restore >= 1, "no kill landed inside a restore: the delays do not fit the restore's duration"
+
+
+def test_kill_minus_nine_during_gc_of_a_file_lake(tmp_path):
+    """Snapshot, compact and ``gc(older_than_s=0)`` back to back (replaced files and expired manifests
+    really deleted) under random kills: every acked row once locally, the lake readable (no manifest
+    lists a deleted file) with each key once and only acked keys. ``LAKEBUFFER_CRASH_KILLS`` sets the
+    number of kills (default 8)."""
+    lake = str(tmp_path / "lake")
+    path = tmp_path / "buf"
+    rng = random.Random(1357)
+    acked: list[str] = []
+    events: list[dict] = []
+    for i in range(int(os.environ.get("LAKEBUFFER_CRASH_KILLS", "8"))):
+        acked += _run_and_kill(path, seed=5000 + i, delay=rng.uniform(0.2, 1.5), lake=lake, mode="gc", events=events)
+        with lb.ReplayBuffer.open(path, memory_limit_mb=1, snapshot_interval_s=0, lake=lake) as buf:
+            stored = buf.sql("SELECT key FROM rollouts").column("key").to_pylist()
+            assert len(stored) == len(set(stored)), f"kill {i}: duplicate keys after recovery"
+            missing = set(acked) - set(stored)
+            assert not missing, f"kill {i}: {len(missing)} acknowledged keys lost"
+        in_lake = _lake_keys(lake)  # raises CorruptionError if gc removed a file a manifest lists
+        assert len(in_lake) == len(set(in_lake)), f"kill {i}: the lake holds a key twice"
+        assert set(in_lake) <= set(stored), f"kill {i}: the lake holds keys no push acknowledged"
+        assert fsck(path)["ok"]
+    assert len(in_lake) > 0 and len(acked) > 32
+    assert sum(e.get("gc", 0) for e in events) > 0  # gc really deleted files between the kills
+    print(f"gc removed {sum(e.get('gc', 0) for e in events)} files in {len([e for e in events if 'gc' in e])} passes")
 
 
 def test_torn_wal_tail_is_skipped(tmp_path):

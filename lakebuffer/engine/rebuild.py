@@ -7,7 +7,7 @@ pushed value), deletes not yet carried to the lake (tombstones) and, without a r
 rows a snapshot already holds. With the lake (``--lake``, or ``<dir>/lake`` when it exists), rows
 whose keys its last snapshot holds are marked snapshotted, so they are not uploaded twice.
 
-Nothing is deleted: the damaged index is moved aside to ``index.damaged-<time>``, and a WAL segment
+Nothing is deleted: the damaged index is moved aside to ``quarantine/index/index.damaged-<time>``, and a WAL segment
 that fails its checksum goes to ``quarantine/wal/``. Warm fragments cannot be checked against
 checksums (those were in the index): each is decoded whole, and its checksum is taken as it is now.
 """
@@ -26,11 +26,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import CorruptionError, LakeBufferError
-from ..index import BatchInfo, KeyIndex
+from ..index import BatchInfo, KeyIndex, probe
 from ..schema import metadata_columns
 from ..tiers import WriteAheadLog, table_bytes
 from ..tiers.warm import fragment_checksum
+from . import quarantine
 from .recovery import quarantine_segment
+from .snapshots import RESTORING
 
 log = logging.getLogger("lakebuffer")
 
@@ -74,14 +76,30 @@ def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
 
 
+#: settings of the old index worth keeping when it can still read them: an unfinished restore's mark
+#: (without it a half-restored directory would open as complete), the run's source lake, its writer id
+_CARRIED = (RESTORING, "restored_from", "writer_id")
+
+
+def _readable_settings(index_dir: Path) -> dict[str, bytes]:
+    """The ``_CARRIED`` settings the damaged index still gives on a read-only look (often none)."""
+    try:
+        settings = probe(index_dir) or {}
+    except LakeBufferError:
+        return {}
+    return {k: settings[k] for k in _CARRIED if k in settings}
+
+
 def rebuild_index(path: Path, lake_url: str | None, storage_options: dict | None) -> dict[str, Any]:
     """Build a new index from ``path``'s fragments and WAL; ``{"repaired", "problems", "lost_keys"}``."""
     repaired: list[str] = []
     problems: list[str] = []
     index_dir = path / "index"
+    carried = _readable_settings(index_dir)
     if index_dir.exists():
-        aside = path / f"index.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-        os.replace(index_dir, aside)
+        aside = quarantine.move(index_dir, path, "index", "RocksDB could not read it (or it lost entries); "
+                                "fsck --repair rebuilt the index from the fragments and WAL",
+                                name=f"index.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
         repaired.append(f"moved the damaged index aside to {aside}")
     lance_dir = path / "warm" / "rollouts.lance"
     ds = lance.dataset(str(lance_dir)) if (lance_dir / "_versions").is_dir() else None
@@ -92,7 +110,7 @@ def rebuild_index(path: Path, lake_url: str | None, storage_options: dict | None
         try:
             segments[bid] = wal.read(bid)
         except CorruptionError as e:
-            target = quarantine_segment(wal, bid, path)
+            target = quarantine_segment(wal, bid, path, f"it fails its check ({e}); found by fsck --repair")
             problems.append(f"WAL segment {bid} fails its check and was not used (moved to {target}): {e}")
     if ds is not None:
         schema = ds.schema
@@ -158,12 +176,12 @@ def rebuild_index(path: Path, lake_url: str | None, storage_options: dict | None
         for bid, table in sorted(segments.items()):
             keys = table.column("key").to_pylist()
             if seen.issuperset(keys):
-                target = quarantine_segment(wal, bid, path)
+                target = quarantine_segment(wal, bid, path, "its rows are all in a warm fragment (a write-back's leftover)")
                 repaired.append(f"WAL segment {bid} repeats rows of a warm fragment (a write-back's leftover): "
                                 f"moved to {target}")
                 continue
             if seen.intersection(keys):
-                target = quarantine_segment(wal, bid, path)
+                target = quarantine_segment(wal, bid, path, "it shares some keys with other data (not used by the index rebuild)")
                 problems.append(f"WAL segment {bid} shares some keys with other data and was not used "
                                 f"(moved to {target})")
                 continue
@@ -179,6 +197,11 @@ def rebuild_index(path: Path, lake_url: str | None, storage_options: dict | None
             index.put_setting("last_snapshot", str(sid).encode())
         index.set_next_seq(seq)
         index.set_next_batch(next_bid)
+        for name, value in carried.items():
+            index.put_setting(name, value)
+        if RESTORING in carried:
+            repaired.append(f"kept the mark of an unfinished restore (snapshot {carried[RESTORING].decode()}): "
+                            "opening the buffer resumes it")
         repaired.append(f"rebuilt the index of run {run_id!r} from {len(seen)} keys ({rows} rows) in the warm "
                         f"fragments and WAL; key sequence restarts at {seq}")
         problems.append("the index was rebuilt: replay counts since push and deletes not yet carried to the lake "

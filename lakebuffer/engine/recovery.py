@@ -23,7 +23,6 @@ documented.
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -31,13 +30,11 @@ import pyarrow as pa
 from ..errors import CorruptionError
 from ..index import BatchInfo, KeyIndex, probe
 from ..tiers import WarmTier, WriteAheadLog
+from . import quarantine
 from .state import BufferState, with_batch
 from .writeback import WriteBack
 
 log = logging.getLogger("lakebuffer")
-
-QUARANTINE = "quarantine"
-
 
 def has_local_data(path: Path) -> bool:
     """Whether ``path`` holds warm fragments or WAL segments (rows only the index can place)."""
@@ -77,18 +74,9 @@ def unexplained_fragments(index: KeyIndex, warm: WarmTier, batches: dict[int, Ba
     return drop, unexplained
 
 
-def quarantine_segment(wal: WriteAheadLog, batch_id: int, buffer_dir: Path) -> Path:
-    """Move a WAL segment aside (``<dir>/quarantine/wal/``): kept, never served, never deleted."""
-    dest = buffer_dir / QUARANTINE / "wal"
-    dest.mkdir(parents=True, exist_ok=True)
-    src = wal.segment_path(batch_id)
-    target = dest / src.name
-    n = 0
-    while target.exists():
-        n += 1
-        target = dest / f"{src.stem}.{n}{src.suffix}"
-    os.replace(src, target)
-    return target
+def quarantine_segment(wal: WriteAheadLog, batch_id: int, buffer_dir: Path, why: str) -> Path:
+    """Move a WAL segment aside (``<dir>/quarantine/wal/``, with ``why``): kept, never served, never deleted."""
+    return quarantine.move(wal.segment_path(batch_id), buffer_dir, "wal", why)
 
 
 def sweep_wal(index: KeyIndex, warm: WarmTier, wal: WriteAheadLog, batches: dict[int, BatchInfo],
@@ -109,7 +97,8 @@ def sweep_wal(index: KeyIndex, warm: WarmTier, wal: WriteAheadLog, batches: dict
             wal.remove(bid)
             done.append(f"removed WAL segment {bid} (its batch is in warm fragment {info.fragment})")
         else:
-            target = quarantine_segment(wal, bid, buffer_dir)
+            target = quarantine_segment(wal, bid, buffer_dir, "no index entry refers to it (a push that crashed "
+                                        "before its acknowledgement, or a damaged index)")
             log.warning("WAL segment %d belongs to no batch the index knows (a push that crashed before its "
                         "acknowledgement?): moved to %s", bid, target)
             done.append(f"moved WAL segment {bid}, which no index entry refers to, to {target}")

@@ -25,6 +25,7 @@ import pyarrow as pa
 from ..errors import CorruptionError, LakeError
 from ..lake import Lake
 from ..schema import conform_restored
+from .deadline import bounded_call, bounded_iter
 from .reads import read_batch
 from .state import BufferState
 from .tasks import P0
@@ -134,12 +135,25 @@ class Snapshots:
         self.writer_id = wid.decode()
         if self.lake is None:  # a damaged lake (reported in stats): snapshots claim it once it is fixed
             return
-        self.lake.claims.claim(s.run_id, self.writer_id, str(s.path.resolve()), takeover=takeover)
+        try:
+            self.lake.claims.claim(s.run_id, self.writer_id, str(s.path.resolve()), takeover=takeover)
+        except CorruptionError as e:  # a damaged claim file: like any damaged lake file, no lockout
+            log.error("the lake %s is damaged; the buffer opens on its local tiers only: %s", self.lake_url, e)
+            self._last["error"] = str(damaged_lake(self.lake_url, e))
+            return
         self._claimed = True
 
     def release(self) -> None:
-        if self.writer_id and self.lake is not None:
-            self.lake.claims.release(self.s.run_id, self.writer_id)
+        """Give the run's claim back (best effort, within ``lake_timeout_s``: a stalled lake must not
+        hold ``close()``; a claim left behind is this directory's own and is taken again at its next open)."""
+        if self.writer_id and self.lake is not None and self._claimed:
+            lake, run, wid = self.lake, self.s.run_id, self.writer_id
+            deadline = time.monotonic() + self.timeout_s if self.timeout_s else None
+            try:
+                bounded_call(lambda: lake.claims.release(run, wid), deadline, lambda: self._overdue("releasing the claim"),
+                             name="lakebuffer-release")
+            except LakeError as e:
+                log.warning("could not release the run's writer claim on %s: %s", self.lake_url, e)
 
     # timer -------------------------------------------------------------------------------
     def start_timer(self) -> None:
@@ -246,10 +260,7 @@ class Snapshots:
                          cancel: threading.Event | None = None) -> tuple[dict | None, bool]:
         """One bounded commit; (its manifest, whether batches up to ``upto`` are still behind)."""
         s = self.s
-        try:
-            self.reconcile()
-        except CorruptionError as e:  # a damaged manifest of the lake
-            raise damaged_lake(self.lake_url, e) from e
+        self.reconcile()  # a damaged manifest is reported as the lake's (damaged_lake), the index's as its own
         with s.lock:
             behind = sorted(b for b, i in s.batches.items() if i.snapshot is None and (upto is None or b <= upto))
             pending = self._step(behind)
@@ -262,7 +273,10 @@ class Snapshots:
         if self._claimed:  # another buffer took the run over since: refuse
             lake.claims.check(s.run_id, str(self.writer_id))
         else:  # the lake was damaged at open: claim it now that it reads
-            lake.claims.claim(s.run_id, str(self.writer_id), str(s.path.resolve()), takeover=False)
+            try:
+                lake.claims.claim(s.run_id, str(self.writer_id), str(s.path.resolve()), takeover=False)
+            except CorruptionError as e:
+                raise damaged_lake(self.lake_url, e) from e
             self._claimed = True
         total = sum(s.batches[b].rows for b in pending if b in s.batches)
         done = 0
@@ -311,18 +325,24 @@ class Snapshots:
         return manifest, more
 
     def reconcile(self) -> None:
-        """Mark batches a committed snapshot holds although the index missed it (crash after commit)."""
+        """Mark batches a committed snapshot holds although the index missed it (crash after commit).
+
+        The lake is read first (a damaged manifest raises ``damaged_lake``), then the index is
+        updated (its own errors, named as the index's, pass through unchanged)."""
         s = self.s
         last = s.index.get_setting("last_snapshot")
         seen = int(last.decode()) if last else 0
         lake = self._lake()
-        newer = [sid for sid in lake.snapshots(s.run_id) if sid > seen]
+        try:
+            newer = [sid for sid in lake.snapshots(s.run_id) if sid > seen]
+            metas = [(sid, lake.manifest(s.run_id, sid).get("meta", {})) for sid in newer]
+        except CorruptionError as e:  # a damaged manifest of the lake
+            raise damaged_lake(self.lake_url, e) from e
         if not newer:
             return
         with s.lock:
             infos = []
-            for sid in newer:
-                meta = lake.manifest(s.run_id, sid).get("meta", {})
+            for sid, meta in metas:
                 if meta.get("writer", self.writer_id) != self.writer_id:
                     continue  # another writer's batch ids say nothing about ours
                 for bid in meta.get("batches", []):
@@ -347,12 +367,14 @@ class Snapshots:
         marker = s.index.get_setting(RESTORING)
         if not fresh and marker is None:
             return
+        deadline = time.monotonic() + self.timeout_s if self.timeout_s else None
+        overdue = lambda: self._overdue("restore")  # noqa: E731
         try:
             lake = self._lake()
             if marker is None:
-                manifest = lake.latest_manifest(s.run_id)
+                manifest = bounded_call(lambda: lake.latest_manifest(s.run_id), deadline, overdue)
             else:
-                manifest = lake.manifest(s.run_id, int(marker.decode()))
+                manifest = bounded_call(lambda: lake.manifest(s.run_id, int(marker.decode())), deadline, overdue)
         except (LakeError, CorruptionError) as e:
             if marker is not None:
                 raise self._interrupted(None, None, e) from e
@@ -366,37 +388,55 @@ class Snapshots:
         s.index.put_setting(RESTORING, str(sid).encode())
         total = sum(int(f["rows"]) for f in manifest["files"])
         done = 0
-        deadline = time.monotonic() + self.timeout_s if self.timeout_s else None
+        # the deadline bounds every wait for the lake, also a read that stalls inside one batch
+        stream = bounded_iter(lake.scan_batches(s.run_id, snapshot_id=sid), deadline, overdue,
+                              name="lakebuffer-restore")
         try:
-            for rb in lake.scan_batches(s.run_id, snapshot_id=sid):
-                if deadline is not None and time.monotonic() > deadline:
-                    raise self._overdue("restore")
+            while True:
+                try:  # only what the lake raises is the lake's: the index's damage is its own
+                    rb = next(stream, None)
+                except (LakeError, CorruptionError) as e:
+                    raise self._interrupted(done, total, e) from e
+                if rb is None:
+                    break
                 table = conform_restored(pa.Table.from_batches([rb]), s.schema, s.run_id)
                 n = table.num_rows
-                if marker is not None:  # resuming: skip the rows an earlier attempt installed
-                    _, _, found = s.index.lookup(table.column("key").to_pylist())
-                    if found.any():
-                        table = table.filter(pa.array(~found))
-                if table.num_rows:
-                    self.installer.install(table, snapshot=sid)
+                try:
+                    if marker is not None:  # resuming: skip the rows an earlier attempt installed
+                        _, _, found = s.index.lookup(table.column("key").to_pylist())
+                        if found.any():
+                            table = table.filter(pa.array(~found))
+                    if table.num_rows:
+                        self.installer.install(table, snapshot=sid)
+                except CorruptionError as e:
+                    raise self._local_damage(e) from e
                 done += n
                 if progress is not None:
                     progress(done, total)
-        except (LakeError, CorruptionError) as e:
-            raise self._interrupted(done, total, e) from e
+        finally:
+            stream.close()
         s.index.put_setting("last_snapshot", str(sid).encode())
         s.index.delete_setting(RESTORING)
         self._last.update(id=sid, at=None, error=None)
         log.info("restored %d rollouts of run %r from %s (snapshot %s)", done, s.run_id, self.lake_url, sid)
 
     def _interrupted(self, done: int | None, total: int | None, e: Exception) -> LakeError | CorruptionError:
-        """The refusal of an unfinished restore; a damaged lake file stays a ``CorruptionError``."""
+        """The refusal of a restore the lake interrupted; a damaged lake file stays a ``CorruptionError``."""
         where = f" after {done} of {total} rows" if done is not None else ""
-        cls = CorruptionError if isinstance(e, CorruptionError) else LakeError
-        return cls(
+        damaged = isinstance(e, CorruptionError)
+        when = "once the damaged lake file is restored from a copy" if damaged else "once the lake is reachable"
+        return (CorruptionError if damaged else LakeError)(
             f"the restore of run {self.s.run_id!r} into {self.s.path} from {self.lake_url} was interrupted{where} "
-            f"({e}); nothing is served until it completes: open the buffer again once the lake is reachable "
+            f"({e}); nothing is served until it completes: open the buffer again {when} "
             f"(the restore resumes where it stopped), or delete {self.s.path} to give it up")
+
+    def _local_damage(self, e: CorruptionError) -> CorruptionError:
+        """The refusal of a restore whose local side (the key index, the warm tier) is damaged: the
+        lake is fine, so the message names the local part and its fix, not the lake."""
+        return CorruptionError(
+            f"{e} [while restoring run {self.s.run_id!r} into {self.s.path}; the lake {self.lake_url} is not at fault. "
+            f"Nothing is served until the restore completes: after `lakebuffer fsck --repair {self.s.path}` opening "
+            f"again resumes it; or delete {self.s.path} (it holds only rows restored from the lake) and open again]")
 
     # the lake's views and stats ---------------------------------------------------------
     def refresh_cold(self) -> None:
