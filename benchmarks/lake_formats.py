@@ -335,6 +335,10 @@ def median(results: list[dict], path: tuple[str, ...], unit: str) -> float | Non
     return m / 1e6 if unit == "MB" and path[-1].endswith("bytes") else m
 
 
+def fmt(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.3g}"
+
+
 def report(results: dict, names: dict[str, str]) -> tuple[dict, str]:
     summary: dict[str, Any] = {}
     lines = []
@@ -347,12 +351,11 @@ def report(results: dict, names: dict[str, str]) -> tuple[dict, str]:
             ma, mb = median(a, path, unit), median(b, path, unit)
             ratio = (mb / ma) if (ma and mb is not None) else None
             rows[label] = {"A": ma, "B": mb, "B/A": ratio, "unit": unit}
-            fmt = (lambda v: "n/a" if v is None else f"{v:.3g}")
             lines.append(f"| {label} ({unit}) | {fmt(ma)} | {fmt(mb)} | {fmt(ratio)} |")
         for label, path, unit in RAW:
             m = median(raw, path, unit)
             rows[label] = {"raw": m, "unit": unit}
-            lines.append(f"| {label} | {'n/a' if m is None else f'{m:.3g}'} | (same) | |")
+            lines.append(f"| {label} | {fmt(m)} | (same) | |")
         errs = [r["error"] for r in a + b + raw if "error" in r]
         if errs:
             lines += ["", f"{len(errs)} failed trial(s); first: `{errs[0][-300:]}`"]

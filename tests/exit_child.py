@@ -38,10 +38,13 @@ def main() -> None:
     ap.add_argument("--thread", default="daemon", choices=["daemon", "none"])
     ap.add_argument("--imports", default="")
     ap.add_argument("--unsafe", action="store_true")
+    ap.add_argument("--buffer", default="", help="fsspec storage options (JSON): run a ReplayBuffer on the lake instead")
     a = ap.parse_args()
     for mod in filter(None, a.imports.split(",")):
         __import__(mod)
     so: dict[str, str] = json.loads(a.storage_options)
+    if a.buffer:
+        return buffer_child(a)
     fs, root = runtime.arrow_filesystem(a.uri, so)
 
     n = 2000
@@ -97,6 +100,26 @@ def main() -> None:
         time.sleep(0.05)  # exit while the thread is inside a delta-rs call
 
     print(json.dumps({"rows": rows}), flush=True)
+    if a.exit == "sysexit":
+        sys.exit(0)
+    if a.exit == "exception":
+        raise RuntimeError("expected: an uncaught exception at exit")
+
+
+def buffer_child(a: argparse.Namespace) -> None:
+    """lakebuffer itself: push, queue a background snapshot, read, and exit without ``close()``."""
+    import tempfile
+
+    import lakebuffer as lb
+    from tests.rollouts import make_rollouts
+
+    buf = lb.ReplayBuffer.open(tempfile.mkdtemp(prefix="exit-child-"), lake=a.uri, storage_options=json.loads(a.buffer) or None,
+                               run_id=f"exit-{uuid.uuid4().hex[:8]}", snapshot_interval_s=0.05, memory_limit_mb=8)
+    buf.push(make_rollouts(64, tokens=32, seed=1))
+    buf.snapshot(wait=True)
+    buf.push(make_rollouts(64, tokens=32, seed=2))
+    buf.snapshot(wait=False)  # still running in a worker thread when the process exits
+    print(json.dumps({"rows": len(buf)}), flush=True)
     if a.exit == "sysexit":
         sys.exit(0)
     if a.exit == "exception":
