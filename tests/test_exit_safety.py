@@ -21,6 +21,8 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 N_CHILDREN = 50
 PARALLEL = 3
@@ -84,6 +86,7 @@ def summary(results: list[dict]) -> dict:
             "bad_buffer_children": sum(r["bad"] and r["buffer"] for r in results)}
 
 
+@pytest.mark.timeout(900)  # ~45-60 s on 2 idle cores; several minutes when the machine is shared
 def test_fifty_short_processes_exit_cleanly(tmp_path, s3_server, s3_bucket) -> None:
     so = delta_storage_options(s3_server.direct_endpoint_url)
     targets = [(str(tmp_path / "lake"), {}), (f"{s3_bucket}/lake", so)]
