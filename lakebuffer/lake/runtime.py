@@ -71,6 +71,7 @@ EXIT_WAIT_S = float(os.environ.get("LAKEBUFFER_EXIT_WAIT_S", "60"))
 _cond = threading.Condition()
 _inflight = 0
 _closing = False
+_deadline: float | None = None
 _installed = False
 _threads: list[tuple[threading.Thread, Callable[[], None] | None]] = []
 
@@ -91,11 +92,15 @@ def install() -> None:
 
 @contextlib.contextmanager
 def native_call(what: str = "lake call") -> Iterator[None]:
-    """Bracket a delta-rs / Arrow call so the exit hook can wait for it; refused once exit has begun."""
+    """Bracket a delta-rs / Arrow call so the exit hook can wait for it.
+
+    Once exit has begun, calls from other threads are refused (``LakeExitingError``); the main thread
+    may still call (e.g. a ``close()`` in a later atexit hook): it finishes before finalization goes on.
+    """
     install()
     global _inflight
     with _cond:
-        if _closing:
+        if _closing and threading.current_thread() is not threading.main_thread():
             raise LakeExitingError(f"{what} refused: the interpreter is exiting")
         _inflight += 1
     try:
@@ -125,10 +130,12 @@ def shutdown(timeout_s: float | None = None) -> bool:
     Returns True when nothing was left inside native code. Runs from ``atexit`` (the interpreter is
     still whole, so waiting threads can finish and re-take the GIL); safe to call more than once.
     """
-    global _closing
-    deadline = time.monotonic() + (EXIT_WAIT_S if timeout_s is None else timeout_s)
+    global _closing, _deadline
     with _cond:
         _closing = True
+        if _deadline is None:  # later calls (the atexit one after an explicit call) share the first deadline
+            _deadline = time.monotonic() + (EXIT_WAIT_S if timeout_s is None else timeout_s)
+        deadline = _deadline
         threads = list(_threads)
     for _, stop in threads:
         if stop is not None:
