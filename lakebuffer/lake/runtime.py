@@ -5,7 +5,7 @@
 rethrown``, after every lake call had returned its result.
 
 **The cause**, shown with gdb backtraces of the dying thread (reproducer: ``tests/exit_child.py``).
-When CPython (3.11-3.13) finalizes, any *other* thread that tries to take the GIL is ended with
+When CPython finalizes (seen on 3.11.7, deltalake 1.6.6, pyarrow 26), any *other* thread that tries to take the GIL is ended with
 ``pthread_exit``; glibc implements that as a forced unwind of the thread's stack. Unwinding through a
 C++ ``noexcept`` frame calls ``std::terminate`` and unwinding through Rust/PyO3 frames is undefined
 (seen as SIGSEGV in ``_PyRuntime``). Two kinds of thread reach for the GIL that late:
@@ -18,16 +18,22 @@ C++ ``noexcept`` frame calls ``std::terminate`` and unwinding through Rust/PyO3 
    pthread_exit'ed inside the destructor -> ``terminate called without an active exception``.
    Backtrace: ``std::terminate <- _Unwind_ForcedUnwind <- pthread_exit <- take_gil <-
    PyGILState_Ensure <- arrow::py::PyBuffer::~PyBuffer <- ReadRangeCache::LazyImpl::~LazyImpl``.
-   Measured (loopback moto S3, 2-core box): 3/6, 4/10 and 1/10 aborts for reads through deltalake's
-   default filesystem; 0/10 and 0/12 when the same table is read through a native
-   ``pyarrow.fs.S3FileSystem`` (``to_pyarrow_dataset(filesystem=...)``). Local paths did not abort
-   (0/10): the reads finish before the process exits, but the hazard is the same.
+   Measured (loopback moto S3, 2-core box, ``python -m tests.test_exit_safety --n 40 --target s3
+   --thread none [--unsafe]``): 10 of 40 processes aborted with deltalake's default read filesystem,
+   0 of 40 when the same reads go through a native ``pyarrow.fs.S3FileSystem``
+   (``to_pyarrow_dataset(filesystem=...)``). Local paths did not abort in our runs (0/10): the reads
+   finish before the process exits, but the hazard is the same. An fsspec filesystem wrapped in
+   ``PyFileSystem(FSSpecHandler(...))`` is the same kind of Python filesystem (0/12 aborts seen, not safe).
    It is the same mechanism as delta-io/delta-rs#2184 and apache/arrow#34314 (terminate in a
    dataset read-ahead destructor at exit), pola-rs/polars#24169 (``scan_delta(use_pyarrow=True)``).
 2. *Python threads inside a delta-rs call at exit.* A daemon thread in ``DeltaTable(...)`` (GIL
    released while Rust does IO) returns after finalization began: PyO3 re-takes the GIL, CPython
-   pthread_exits the thread, the forced unwind crosses Rust frames -> SIGSEGV. Measured: 4/4, 5/6,
-   6/6 and 6/6 dead processes with one daemon thread reading the table in a loop at exit.
+   pthread_exits the thread, the forced unwind crosses Rust frames -> SIGSEGV. Backtrace: ``SIGSEGV in
+   _PyRuntime <- deltalake frames <- _Unwind_ForcedUnwind <- pthread_exit <- take_gil <-
+   PyEval_RestoreThread <- deltalake (end of a GIL-released section) <- DeltaTable.__init__``. Measured
+   (``--n 12 --unsafe``, one daemon thread reading the table in a loop at exit, local and S3): 11 of
+   12 processes died (SIGSEGV, SIGABRT ``FATAL: exception not rethrown``, ``terminate called``);
+   with this module 0 of 50 (``--n 50``, including ``ReplayBuffer`` children exiting without close).
    The lancedb and PyO3 projects describe the same race for their tokio threads
    (lancedb/lancedb#4175, PyO3/pyo3-async-runtimes#40).
 
