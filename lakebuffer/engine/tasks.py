@@ -74,6 +74,10 @@ class TaskQueue:
         ]
         for t in self._threads:
             t.start()
+        from ..lake import runtime  # deferred: the lake package imports the engine's neighbours
+
+        for t in self._threads:  # at interpreter exit, no worker may still be inside delta-rs / Arrow
+            runtime.register_thread(t, self.abandon)
 
     def submit(self, priority: int, fn: Callable[[], Any], name: str = "", surface: bool = True) -> Future:
         """Queue ``fn``; its Future carries the result or the exception.
@@ -156,6 +160,19 @@ class TaskQueue:
                 "p0_latency": self._latency[0].summary(),
                 "p1_latency": self._latency[1].summary(),
             }
+
+    def abandon(self) -> None:
+        """The exit hook's stop (``lakebuffer/lake/runtime.py``): drop queued tasks, let the running one
+        finish, stop the workers. Dropped work is durable locally (WAL, warm tier) and redone at the next
+        open; without this a worker could be inside native code when the interpreter finalizes."""
+        with self._cv:
+            dropped = [t for q in self._queues for t in q]
+            for q in self._queues:
+                q.clear()
+            self._stopping = True
+            self._cv.notify_all()
+        for task in dropped:
+            task.future.cancel()
 
     def close(self) -> None:
         """Drain, then stop the workers."""

@@ -1,0 +1,83 @@
+"""The exit hook's contract (lakebuffer/lake/runtime.py), checked in a fresh interpreter each time
+because the hook's "exiting" state is for the life of a process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, cwd=REPO, timeout=120)
+
+
+def test_shutdown_stops_joins_and_waits_then_refuses_other_threads() -> None:
+    p = run("""
+        import threading, time
+        from lakebuffer.lake import runtime
+        stop = threading.Event(); order = []
+        def worker():
+            while not stop.is_set():
+                with runtime.native_call("work"):
+                    time.sleep(0.05)  # stands in for a delta-rs call with the GIL released
+            order.append("worker done")
+        t = threading.Thread(target=worker, daemon=True); runtime.register_thread(t, stop.set); t.start()
+        inflight = threading.Event(); release = threading.Event()
+        def long_call():
+            with runtime.native_call("long"):
+                inflight.set(); release.wait()
+            order.append("long done")
+        u = threading.Thread(target=long_call, daemon=True); u.start(); inflight.wait()
+        threading.Timer(0.3, release.set).start()
+        assert runtime.shutdown(timeout_s=10) is True
+        assert not t.is_alive() and "long done" in order, order
+        refused = []
+        def late():
+            try:
+                with runtime.native_call("late"):
+                    pass
+            except runtime.LakeExitingError as e:
+                refused.append(e)
+        v = threading.Thread(target=late); v.start(); v.join()
+        assert refused and isinstance(refused[0], runtime.LakeError)
+        with runtime.native_call("main thread may still finish its work"):
+            pass
+        print("ok")
+    """)
+    assert p.returncode == 0 and "ok" in p.stdout, p.stderr
+
+
+def test_shutdown_gives_up_after_its_deadline() -> None:
+    p = run("""
+        import threading
+        from lakebuffer.lake import runtime
+        started = threading.Event()
+        def stuck():
+            with runtime.native_call("hung request"):
+                started.set(); threading.Event().wait()
+        threading.Thread(target=stuck, daemon=True).start(); started.wait()
+        assert runtime.shutdown(timeout_s=0.2) is False
+        print("ok")
+    """)
+    assert p.returncode == 0 and "ok" in p.stdout, p.stderr
+
+
+def test_arrow_filesystem_is_native() -> None:
+    p = run("""
+        import pyarrow.fs as pafs
+        from lakebuffer.lake import runtime
+        fs, root = runtime.arrow_filesystem("s3://bucket/lake/", {"key": "k", "secret": "s", "endpoint_url": "http://127.0.0.1:9",
+                                                                   "client_kwargs": {"region_name": "us-east-1"}})
+        assert isinstance(fs, pafs.S3FileSystem) and root == "bucket/lake", (fs, root)
+        fs, root = runtime.arrow_filesystem("s3://b/x", {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "k",
+                                                         "AWS_SECRET_ACCESS_KEY": "s", "AWS_REGION": "us-east-1"})
+        assert isinstance(fs, pafs.S3FileSystem) and root == "b/x"
+        fs, root = runtime.arrow_filesystem("/tmp/some/lake", None)
+        assert isinstance(fs, pafs.LocalFileSystem) and root == "/tmp/some/lake"
+        print("ok")
+    """)
+    assert p.returncode == 0 and "ok" in p.stdout, p.stderr
