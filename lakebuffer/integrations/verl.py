@@ -182,13 +182,15 @@ def to_dataproto(
     meta_info: dict | None = None,
     like: Any = None,
     non_tensor_json: str | None = None,
+    non_tensor_fill: dict | None = None,
 ):
     """A verl ``DataProto`` from rollout rows (e.g. ``buf.sample(...)``), padded the way verl pads.
 
     ``like=batch`` (a live ``DataProto``) returns one that ``DataProto.concat([batch, replay])``
     accepts: exactly ``batch``'s tensor and non-tensor keys, dtypes and widths, its pad token, and
     its ``meta_info`` (see ``lakebuffer.integrations.verl_like.like_dataproto``); the other
-    arguments but ``pad_token_id``, ``response_mask_column`` and ``non_tensor_json`` are then unused.
+    arguments but ``pad_token_id``, ``response_mask_column``, ``non_tensor_json`` and
+    ``non_tensor_fill`` (values for live non-tensor keys the rows lack) are then unused.
 
     ``batch``: ``prompts`` [B, P] left-padded with ``pad_token_id`` (default 0), ``responses`` [B, R]
     right-padded, ``input_ids`` = both, ``attention_mask``, ``position_ids``
@@ -207,7 +209,7 @@ def to_dataproto(
         from .verl_like import like_dataproto
 
         return like_dataproto(rows, like, pad_token_id=pad_token_id, response_mask_column=response_mask_column,
-                              non_tensor_json=non_tensor_json)
+                              non_tensor_json=non_tensor_json, non_tensor_fill=non_tensor_fill)
     pad_token_id = 0 if pad_token_id is None else pad_token_id
     batch = one_batch(rows) if isinstance(rows, pa.Table) else rows
     names = batch.schema.names
