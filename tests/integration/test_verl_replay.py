@@ -92,7 +92,7 @@ def test_like_refuses_what_the_buffer_cannot_supply(tmp_path):
     live = seam_batch(2)
     with lb.ReplayBuffer.open(tmp_path / "b", memory_limit_mb=8, snapshot_interval_s=0, schema=VERL_SCHEMA) as buf:
         _push(buf, seam_batch(1), 1)
-        later = live.union(DataProto.from_dict(tensors={"values": torch.zeros(len(live), 12)}))
+        later = seam_batch(2).union(DataProto.from_dict(tensors={"values": torch.zeros(len(live), 12)}))
         with pytest.raises(SchemaError, match="values.*before"):
             sample_dataproto(buf, 4, like=later, non_tensor_json=NON_TENSOR_JSON)
         # a non-tensor field that was never stored
@@ -113,7 +113,7 @@ def verl_config():
             return compose("verl_replay_trainer", overrides=[
                 "trainer.device=cpu", "data.train_batch_size=4", "actor_rollout_ref.rollout.n=4",
                 "actor_rollout_ref.actor.ppo_mini_batch_size=1", "algorithm.adv_estimator=grpo",
-                "+algorithm.rollout_correction.bypass_mode=true", "trainer.balance_batch=false",
+                "algorithm.rollout_correction.bypass_mode=true", "trainer.balance_batch=false",
                 f"trainer.replay.dir={tmp}", *extra])
     return make
 
