@@ -119,8 +119,9 @@ def verl_config():
 
 
 def _trainer(config):
-    from lakebuffer.integrations.verl_main import ReplayRayPPOTrainer
     from verl.trainer.ppo.utils import Role
+
+    from lakebuffer.integrations.verl_main import ReplayRayPPOTrainer
 
     return ReplayRayPPOTrainer(config=config, tokenizer=None, role_worker_mapping={Role.ActorRollout: object},
                                resource_pool_manager=None, train_dataset=list(range(8)), val_dataset=list(range(2)))
@@ -222,9 +223,10 @@ def test_hook_off_and_bad_options(tmp_path, verl_config):
 
 
 def test_task_runner_is_verls_with_the_replay_trainer():
-    from lakebuffer.integrations.verl_main import ReplayRayPPOTrainer, ReplayTaskRunner
     from verl.trainer import main_ppo_v0
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    from lakebuffer.integrations.verl_main import ReplayRayPPOTrainer, ReplayTaskRunner
 
     assert issubclass(ReplayRayPPOTrainer, RayPPOTrainer)
     assert issubclass(ReplayTaskRunner.__ray_actor_class__, main_ppo_v0.TaskRunner.__ray_actor_class__)
