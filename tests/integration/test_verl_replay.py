@@ -238,3 +238,19 @@ def test_example_runs(tmp_path):
                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "DataProto.concat" in out.stdout and "replay/policy_lag_mean" in out.stdout
+
+
+def test_entry_point_composes_verls_config_with_the_block(tmp_path):
+    """hydra's `--cfg job` prints the config `python -m lakebuffer.integrations.verl_main` would run with."""
+    out = subprocess.run([sys.executable, "-m", "lakebuffer.integrations.verl_main", "--cfg", "job",
+                          "trainer.replay.enable=true", f"trainer.replay.dir={tmp_path}", "trainer.replay.ratio=0.3",
+                          "actor_rollout_ref.rollout.n=8"],
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create(out.stdout[out.stdout.index("actor_rollout_ref:"):])
+    assert cfg.trainer.use_v1 is False and cfg.actor_rollout_ref.rollout.n == 8
+    rc = ReplayConfig.from_trainer_config(cfg)
+    assert rc.dir == str(tmp_path) and rc.ratio == 0.3 and rc.sampler == "group"
+    assert rc.run_id == cfg.trainer.experiment_name
