@@ -117,7 +117,7 @@ def like_dataproto(
     if "rm_scores" in have:
         have["token_level_scores"] = have["token_level_rewards"] = have["rm_scores"]
     td = like.batch
-    tensors, missing = {}, []
+    tensors, missing, used = {}, [], set()
     for key in td.keys():
         ref = td[key]
         if key in have:
@@ -129,7 +129,9 @@ def like_dataproto(
             continue
         if tuple(t.shape[1:]) != tuple(ref.shape[1:]):
             raise SchemaError(f"batch[{key!r}] is {tuple(t.shape[1:])} per row when replayed, {tuple(ref.shape[1:])} live")
-        tensors[key] = t.to(ref.dtype).clone()
+        t = t.to(ref.dtype)
+        tensors[key] = t.clone() if id(t) in used else t  # aliases (old_log_probs = rollout_log_probs) get copies
+        used.add(id(t))
     if missing:
         why = ("the stored rows have no response_logprobs" if "rollout_log_probs" in missing else
                "verl computes them from the current models; mix replay in before it does (after generation, "
