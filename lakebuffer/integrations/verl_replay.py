@@ -86,7 +86,7 @@ class ReplayConfig:
             raise OptionError(f"unknown trainer.replay option(s) {', '.join(unknown)}; known: enable, {', '.join(sorted(known))}")
         if values.get("run_id") is None:
             values["run_id"] = OmegaConf.select(config, "trainer.experiment_name", default=None)
-        values = {k: v for k, v in values.items() if v is not None or k in ("lake", "where", "max_lag", "run_id")}
+        values = {k: v for k, v in values.items() if v is not None or k in ("dir", "lake", "where", "max_lag", "run_id")}
         return cls(**values)
 
 

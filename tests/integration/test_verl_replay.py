@@ -217,6 +217,8 @@ def test_hook_off_and_bad_options(tmp_path, verl_config):
     with pytest.raises(OptionError, match="ratio"):
         ReplayConfig.from_trainer_config(verl_config(tmp_path / "x", "trainer.replay.enable=true",
                                                      "trainer.replay.ratio=1.0"))
+    with pytest.raises(OptionError, match="dir is required"):
+        ReplayConfig.from_trainer_config(verl_config("null", "trainer.replay.enable=true"))
     with pytest.raises(OptionError, match="unknown trainer.replay option"):
         ReplayConfig.from_trainer_config(verl_config(tmp_path / "x", "trainer.replay.enable=true",
                                                      "+trainer.replay.ration=0.1"))
