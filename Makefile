@@ -27,8 +27,9 @@ test: $(VENV)/.installed-dev
 wheel-check: $(VENV)/.installed
 	PYTHON=$(PY) .ci/wheel-check
 
-# torch (CPU, from the local wheel), verl (without its GPU stack), tensordict: the verl adapter and
-# torch DataLoader tests. Ray is in .[dev] already, so the Ray tests also run in `make test`.
+# torch (CPU, from the local wheel), verl (without its GPU stack), tensordict and the imports of verl's
+# trainer (hydra, torchdata, ...): the verl adapter, the verl replay hook and the torch DataLoader tests.
+# Ray is in .[dev] already, so the Ray tests also run in `make test`. CI (.ci/run) runs this after `make test`.
 $(VENV)/.installed-integration: $(VENV)/.installed-dev requirements-integration.txt
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -r requirements-integration.txt

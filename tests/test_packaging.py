@@ -32,7 +32,7 @@ def test_every_resource_file_is_covered_by_package_data():
         if name not in data:
             continue
         for f in directory.rglob("*"):
-            if f.suffix in (".sql", ".json") and "__pycache__" not in f.parts:
+            if f.suffix in (".sql", ".json", ".yaml") and "__pycache__" not in f.parts:
                 rel = f.relative_to(directory).as_posix()
                 assert any(fnmatch.fnmatch(rel, g) and rel.count("/") == g.count("/") for g in data[name]), (
                     f"{name}: {rel} is not shipped by package-data {data[name]}")

@@ -40,10 +40,14 @@ import numpy as np
 import pyarrow as pa
 
 from ..dataset import one_batch, pad_lists
+from .verl_json import pack_non_tensors, unpack_non_tensors
 
 __all__ = ["from_dataproto", "push_dataproto", "sample_dataproto", "to_dataproto"]
 
-_LOGPROB_KEYS = ("old_log_probs", "rollout_log_probs")
+# behaviour log-probs first: ``rollout_log_probs`` are the inference engine's (the policy that
+# generated), ``old_log_probs`` the trainer's recomputation (the proximal policy, unless verl's
+# rollout-correction bypass mode copied the rollout's into it)
+_LOGPROB_KEYS = ("rollout_log_probs", "old_log_probs")
 _REWARD_KEYS = ("token_level_rewards", "token_level_scores", "rm_scores")
 
 
@@ -89,6 +93,7 @@ def from_dataproto(
     verified_key: str | None = None,
     non_tensor_columns: Sequence[str] = (),
     response_mask_column: str | None = None,
+    non_tensor_json: str | None = None,
 ) -> pa.Table:
     """Rollout rows (unpadded) from a verl ``DataProto``, ready for ``ReplayBuffer.push``.
 
@@ -98,6 +103,9 @@ def from_dataproto(
     ``reward_key`` to ``token_level_rewards``, ``token_level_scores`` then ``rm_scores``.
     ``verified_key`` names a non-tensor (e.g. ``"acc"``) stored as ``verified``;
     ``non_tensor_columns`` are copied as extra columns (declare them in the buffer schema).
+    ``non_tensor_json`` names a ``string`` column that receives every other non-tensor key of the
+    batch (``reward_model`` with the ground truth, ``extra_info``, ``__num_turns__``, reward extra
+    info, ...) as one JSON object per row, so ``to_dataproto(..., like=batch)`` can give them back.
     """
     torch = _torch()
     td = data.batch
@@ -155,13 +163,16 @@ def from_dataproto(
         cols[name] = pa.array(np.asarray(nt[name], dtype=object).tolist())
     if response_mask_column is not None:
         cols[response_mask_column] = _ragged(r_mask.to(torch.int8), r_attn, pa.int8())
+    if non_tensor_json is not None:
+        stored = {uid_key, *non_tensor_columns, *([verified_key] if verified_key else [])}
+        cols[non_tensor_json] = pack_non_tensors({k: v for k, v in nt.items() if k not in stored}, n)
     return pa.table(cols)
 
 
 def to_dataproto(
     rows: pa.Table | pa.RecordBatch,
     *,
-    pad_token_id: int = 0,
+    pad_token_id: int | None = None,
     max_prompt_length: int | None = None,
     max_response_length: int | None = None,
     logprobs_key: str = "old_log_probs",
@@ -169,10 +180,19 @@ def to_dataproto(
     non_tensor_columns: Sequence[str] = ("key", "prompt_id", "policy_version", "reward"),
     response_mask_column: str | None = None,
     meta_info: dict | None = None,
+    like: Any = None,
+    non_tensor_json: str | None = None,
+    non_tensor_fill: dict | None = None,
 ):
     """A verl ``DataProto`` from rollout rows (e.g. ``buf.sample(...)``), padded the way verl pads.
 
-    ``batch``: ``prompts`` [B, P] left-padded with ``pad_token_id``, ``responses`` [B, R]
+    ``like=batch`` (a live ``DataProto``) returns one that ``DataProto.concat([batch, replay])``
+    accepts: exactly ``batch``'s tensor and non-tensor keys, dtypes and widths, its pad token, and
+    its ``meta_info`` (see ``lakebuffer.integrations.verl_like.like_dataproto``); the other
+    arguments but ``pad_token_id``, ``response_mask_column``, ``non_tensor_json`` and
+    ``non_tensor_fill`` (values for live non-tensor keys the rows lack) are then unused.
+
+    ``batch``: ``prompts`` [B, P] left-padded with ``pad_token_id`` (default 0), ``responses`` [B, R]
     right-padded, ``input_ids`` = both, ``attention_mask``, ``position_ids``
     (``compute_position_id_with_mask``), ``response_mask``, ``logprobs_key`` [B, R] from
     ``response_logprobs`` (when no row lacks them), each of ``reward_keys`` with the reward on the
@@ -185,6 +205,12 @@ def to_dataproto(
     torch = _torch()
     from verl.protocol import DataProto
 
+    if like is not None:
+        from .verl_like import like_dataproto
+
+        return like_dataproto(rows, like, pad_token_id=pad_token_id, response_mask_column=response_mask_column,
+                              non_tensor_json=non_tensor_json, non_tensor_fill=non_tensor_fill)
+    pad_token_id = 0 if pad_token_id is None else pad_token_id
     batch = one_batch(rows) if isinstance(rows, pa.Table) else rows
     names = batch.schema.names
     for need in ("prompt_ids", "response_ids", "group_id"):
@@ -232,6 +258,9 @@ def to_dataproto(
     for name in non_tensor_columns:
         if name in names and name not in non_tensors:
             non_tensors[name] = np.array(batch.column(name).to_pylist(), dtype=object)
+    if non_tensor_json is not None and non_tensor_json in names:
+        for name, values in unpack_non_tensors(batch.column(non_tensor_json)).items():
+            non_tensors.setdefault(name, values)
     return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=dict(meta_info or {}))
 
 
@@ -242,6 +271,9 @@ def push_dataproto(buffer: Any, data: Any, **kwargs: Any) -> pa.Array:
 
 def sample_dataproto(buffer: Any, n: int, where: str | None = None, sampler: Any = "uniform", seed: int | None = 0,
                      sampler_options: dict | None = None, **kwargs: Any):
-    """``to_dataproto(buffer.sample(n, where, sampler, seed=seed, **sampler_options), **kwargs)``."""
+    """``to_dataproto(buffer.sample(n, where, sampler, seed=seed, **sampler_options), **kwargs)``.
+
+    Pass ``like=batch`` (the live ``DataProto``) for a replay batch that concatenates with it.
+    """
     rows = buffer.sample(n, where=where, sampler=sampler, seed=seed, **(sampler_options or {}))
     return to_dataproto(rows, **kwargs)
