@@ -59,6 +59,7 @@ BACKEND = "LakeBuffer"
 CLIENT = "lakebuffer"
 NAMESPACE = "transfer_queue"
 DEFAULT_ACTOR = "LakeBufferStore"
+_STARTED: dict[str, Any] = {}  # store actors this process started, kept alive until close_store
 # the rollout columns a put must fill, and what fills them when the put does not carry them
 _REQUIRED = ("prompt_id", "policy_version", "prompt_ids", "response_ids", "reward")
 _OPEN_OPTIONS = ("lake", "run_id", "memory_limit_mb", "snapshot_interval_s", "storage_options", "durability",
@@ -95,6 +96,7 @@ def start_store(config: Any) -> Any:
     )
     handle = actor_cls.remote(str(cfg["path"]), open_kwargs, cfg.get("fields"))
     ray.get(handle.pid.remote())  # the buffer is open (WAL replayed) before tq.init returns
+    _STARTED[name] = handle  # an actor dies with its creator's last handle; tq.close() drops TQ's
     return handle
 
 
@@ -109,11 +111,15 @@ def close_store(config: Any = None) -> None:
 
     ``tq.close()`` tears down only the backends it knows by name (SimpleStorage, Mooncake,
     Yuanrong), so call this after it."""
+    name = _cfg(config).get("actor_name") or DEFAULT_ACTOR
     try:
-        handle = store_handle(config)
+        handle = _STARTED.pop(name, None) or store_handle(config)
     except ValueError:
         return
-    ray.get(handle.close.remote())
+    try:
+        ray.get(handle.close.remote())
+    except ray.exceptions.RayActorError:
+        return  # already gone: its acknowledged puts are in the WAL, for the next open
     ray.kill(handle, no_restart=True)
 
 

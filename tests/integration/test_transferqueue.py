@@ -1,0 +1,201 @@
+"""The lakebuffer backend under the real TransferQueue 0.1.11 on a local Ray (CPU only).
+
+Everything goes through TransferQueue's own client (``tq.init`` with ``storage_backend:
+LakeBuffer``, ``put`` / ``get_meta`` / ``get_data`` / ``clear_samples``); the store actor is killed
+with SIGKILL to check that acknowledged puts come back, and the rows are read with SQL, from the
+live buffer and from the lake after a snapshot.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+torch = pytest.importorskip("torch", reason="the TransferQueue backend needs torch (CPU wheel)")
+pytest.importorskip("tensordict", reason="the TransferQueue backend needs tensordict")
+ray = pytest.importorskip("ray", reason="TransferQueue runs on Ray")
+tq = pytest.importorskip("transfer_queue", reason="transferqueue==0.1.11 is not installed "
+                         "(pip install -r requirements-integration.txt)")
+
+import lakebuffer as lb  # noqa: E402
+from lakebuffer.errors import SchemaError  # noqa: E402
+from lakebuffer.integrations import transferqueue as lbtq  # noqa: E402
+
+B, P, R = 8, 6, 5
+
+
+@pytest.fixture(scope="module")
+def tq_system(tmp_path_factory):
+    """TransferQueue with the LakeBuffer backend: the controller, the store actor, the client."""
+    from omegaconf import OmegaConf
+    from tensordict import NonTensorStack  # noqa: F401  (imported here so a skip happens above)
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    path = tmp_path_factory.mktemp("tq") / "run"
+    cfg = {
+        "path": str(path), "snapshot_interval_s": 0, "memory_limit_mb": 64, "run_id": "tq-test",
+        "columns": {"prompt_ids": "prompts", "response_ids": "responses", "response_logprobs": "old_log_probs",
+                    "reward": "score", "prompt_id": "uid", "policy_version": "version"},
+        "fields": {"attention_mask": "list<int8>", "values": "list<float32>"},
+    }
+    tq.init(OmegaConf.create({"controller": {"polling_mode": True},
+                              "backend": {"storage_backend": "LakeBuffer", "LakeBuffer": cfg}}))
+    yield {"client": tq.get_client(), "cfg": cfg, "path": path,
+           "store": lbtq.LakeBufferStorageClient(cfg)}
+    tq.close()
+    lbtq.close_store(cfg)
+    if started:
+        ray.shutdown()
+
+
+def rollouts(seed: int, n: int = B):
+    """Two puts as a trainer makes them: the prompts, then the generation with its scores."""
+    from tensordict import NonTensorStack, TensorDict
+
+    g = torch.Generator().manual_seed(seed)
+    prompts = TensorDict({
+        "prompts": torch.randint(0, 150_000, (n, P), generator=g),
+        "uid": NonTensorStack(*[f"q{seed}-{i // 4}" for i in range(n)]),
+        "attention_mask": (torch.rand(n, P + R, generator=g) > 0.2).long(),
+    }, batch_size=n)
+    lengths = torch.randint(1, R + 1, (n,), generator=g)
+    generation = TensorDict({
+        "responses": torch.nested.nested_tensor(
+            [torch.randint(0, 150_000, (int(k),), generator=g) for k in lengths], layout=torch.jagged),
+        "old_log_probs": -torch.rand(n, R, generator=g),
+        "score": torch.rand(n, generator=g),
+        "version": torch.full((n,), seed, dtype=torch.int64),
+        "values": torch.randn(n, R, 2, generator=g).to(torch.bfloat16),
+    }, batch_size=n)
+    return prompts, generation
+
+
+def put_both(client, partition: str, seed: int):
+    prompts, generation = rollouts(seed)
+    meta = client.put(data=prompts, partition_id=partition)
+    client.put(data=generation, metadata=meta)
+    return prompts, generation
+
+
+def fetch(client, partition: str, fields: list[str], n: int = B):
+    meta = client.get_meta(data_fields=fields, batch_size=n, partition_id=partition, mode="fetch",
+                           task_name=f"t-{uuid.uuid4().hex[:6]}")
+    assert meta.size == n
+    return meta, client.get_data(meta)
+
+
+def assert_same(got, prompts, generation):
+    assert torch.equal(got["prompts"], prompts["prompts"]) and got["prompts"].dtype == torch.int64
+    assert torch.equal(got["attention_mask"], prompts["attention_mask"])
+    assert got["uid"].tolist() == prompts["uid"].tolist()
+    assert got["responses"].is_nested
+    for a, b in zip(got["responses"].unbind(), generation["responses"].unbind(), strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(got["old_log_probs"], generation["old_log_probs"])
+    assert torch.equal(got["score"].reshape(-1), generation["score"])  # KV backends hand 1-D fields back as (B, 1)
+    assert got["values"].dtype == torch.bfloat16 and torch.equal(got["values"], generation["values"])
+
+
+ALL = ["prompts", "uid", "attention_mask", "responses", "old_log_probs", "score", "version", "values"]
+
+
+def test_round_trip_and_clear_through_transferqueue_client(tq_system):
+    client, store = tq_system["client"], tq_system["store"]
+    prompts, generation = put_both(client, "rt", seed=1)
+    meta, got = fetch(client, "rt", ALL)
+    assert_same(got, prompts, generation)
+
+    # stored as typed Arrow columns of the rollout schema, not as blobs: SQL sees the token ids
+    rows = store.sql("SELECT tq_index, response_ids, reward, prompt_id FROM rollouts "
+                     "WHERE tq_partition = 'rt' AND tq_fields LIKE '%,score,%' ORDER BY tq_index")
+    assert rows.schema.field("response_ids").type == pa.list_(pa.int32())
+    order = np.argsort(meta.global_indexes)
+    want = [generation["responses"].unbind()[i].tolist() for i in order]
+    assert rows.column("response_ids").to_pylist() == want
+    np.testing.assert_allclose(rows.column("reward").to_numpy(), generation["score"].numpy()[order], rtol=1e-6)
+    uid_rows = store.sql("SELECT prompt_id FROM rollouts WHERE tq_partition = 'rt' AND tq_fields LIKE '%,uid,%' "
+                         "ORDER BY tq_index")
+    assert uid_rows.column("prompt_id").to_pylist() == [prompts["uid"].tolist()[i] for i in order]
+
+    client.clear_samples(meta)
+    assert store.sql("SELECT count(*) AS n FROM rollouts WHERE tq_partition = 'rt'").column("n")[0].as_py() == 0
+
+
+def test_acknowledged_puts_survive_kill_9_of_the_store(tq_system):
+    client, store = tq_system["client"], tq_system["store"]
+    prompts, generation = put_both(client, "crash", seed=2)  # acknowledged: returned to the caller
+    handle = lbtq.store_handle(tq_system["cfg"])
+    pid = ray.get(handle.pid.remote())
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 90
+    while True:  # Ray restarts the actor (max_restarts=-1); its open replays the WAL
+        try:
+            new_pid = ray.get(handle.pid.remote(), timeout=10)
+            if new_pid != pid:
+                break
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
+            pass
+        assert time.monotonic() < deadline, "the store actor was not restarted"
+        time.sleep(0.2)
+
+    _, got = fetch(client, "crash", ALL)  # the controller still knows the rows; the store has them again
+    assert_same(got, prompts, generation)
+    n = store.sql("SELECT count(*) AS n FROM rollouts WHERE tq_partition = 'crash'").column("n")[0].as_py()
+    assert n == 2 * B  # one row per sample per put, none lost, none doubled
+    put_both(client, "after-crash", seed=3)  # and the restarted store takes new puts
+    assert store.sql("SELECT count(*) AS n FROM rollouts WHERE tq_partition = 'after-crash'").column("n")[0].as_py() == 2 * B
+
+
+def test_stored_rollouts_answer_sql_live_and_in_the_lake(tq_system):
+    client, store = tq_system["client"], tq_system["store"]
+    scores = {}
+    for seed, part in ((4, "sql_a"), (5, "sql_b")):
+        _, generation = put_both(client, part, seed=seed)
+        scores[part] = generation["score"].double().mean().item()
+    query = ("SELECT tq_partition, count(*) AS n, avg(reward) AS avg_reward, max(policy_version) AS version "
+             "FROM rollouts WHERE tq_partition LIKE 'sql_%' AND tq_fields LIKE '%,score,%' GROUP BY 1 ORDER BY 1")
+    live = store.sql(query).to_pylist()
+    assert [r["tq_partition"] for r in live] == ["sql_a", "sql_b"]
+    assert [r["n"] for r in live] == [B, B] and [r["version"] for r in live] == [4, 5]
+    for r in live:
+        assert r["avg_reward"] == pytest.approx(scores[r["tq_partition"]], rel=1e-6)
+
+    rows = ray.get(lbtq.store_handle(tq_system["cfg"]).snapshot.remote())
+    assert rows > 0
+    view = lb.ReplayBuffer.open_lake(str(tq_system["path"] / "lake"))
+    assert view.sql(query).to_pylist() == live
+
+
+def test_an_undeclared_field_is_refused_with_the_fix(tq_system):
+    from tensordict import TensorDict
+
+    bad = TensorDict({"mystery": torch.zeros(2, 3)}, batch_size=2)
+    with pytest.raises(Exception, match="declare it in backend.LakeBuffer.fields"):
+        tq_system["client"].put(data=bad, partition_id="bad")
+
+
+def test_storage_kv_client_contract(tq_system):
+    """The StorageKVClient contract TransferQueue's KV managers use: '<index>@<field>' keys, values per sample."""
+    client = lbtq.LakeBufferStorageClient(tq_system["cfg"])
+    keys = [f"{i}@{f}" for f in ("attention_mask", "old_log_probs") for i in (100, 101)]
+    values = [torch.ones(4, dtype=torch.int64), torch.zeros(4, dtype=torch.int64),
+              torch.tensor([-0.5, -1.0]), torch.tensor([-2.0, -3.0])]
+    meta = client.put(keys, values)
+    assert meta[0] == meta[2] and meta[1] == meta[3]  # one row per sample holds both fields
+    got = client.get(keys, shapes=[(4,), (4,), (2,), (2,)],
+                     dtypes=[torch.int64, torch.int64, torch.float32, torch.float32], custom_backend_meta=meta)
+    for a, b in zip(got, values, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    client.clear(keys, custom_backend_meta=meta)
+    with pytest.raises(lb.KeyNotFoundError):
+        client.get(keys, custom_backend_meta=meta)
+    with pytest.raises(SchemaError, match="custom_backend_meta"):
+        client.get(keys)
