@@ -173,6 +173,34 @@ def test_stored_rollouts_answer_sql_live_and_in_the_lake(tq_system):
     view = lb.ReplayBuffer.open_lake(str(tq_system["path"] / "lake"))
     assert view.sql(query).to_pylist() == live
 
+    client.clear_partition("sql_a")  # TransferQueue's partition clear reaches every row of it
+    left = store.sql("SELECT tq_partition, count(*) AS n FROM rollouts WHERE tq_partition LIKE 'sql_%' GROUP BY 1")
+    assert left.to_pylist() == [{"tq_partition": "sql_b", "n": 2 * B}]
+
+
+def test_a_ray_worker_reads_through_its_own_transferqueue_client(tq_system):
+    """verl's workers are other processes: each imports the backend, calls tq.init() and attaches."""
+    prompts, generation = put_both(tq_system["client"], "worker", seed=6)
+
+    @ray.remote(num_cpus=0)
+    def consume() -> dict:
+        import transfer_queue as tq_w
+
+        import lakebuffer.integrations.transferqueue  # noqa: F401  (registers the backend here too)
+
+        tq_w.init()  # attaches to the running controller; builds a LakeBuffer storage manager
+        client = tq_w.get_client()
+        meta = client.get_meta(data_fields=["responses", "score"], batch_size=B, partition_id="worker",
+                               mode="fetch", task_name="worker")
+        got = client.get_data(meta)
+        return {"responses": [t.tolist() for t in got["responses"].unbind()],
+                "score": got["score"].reshape(-1).tolist(), "kind": type(client.storage_manager).__name__}
+
+    out = ray.get(consume.remote(), timeout=120)
+    assert out["kind"] == "LakeBufferStorageManager"
+    assert out["responses"] == [t.tolist() for t in generation["responses"].unbind()]
+    assert out["score"] == generation["score"].tolist()
+
 
 def test_an_undeclared_field_is_refused_with_the_fix(tq_system):
     from tensordict import TensorDict
@@ -180,6 +208,23 @@ def test_an_undeclared_field_is_refused_with_the_fix(tq_system):
     bad = TensorDict({"mystery": torch.zeros(2, 3)}, batch_size=2)
     with pytest.raises(Exception, match="declare it in backend.LakeBuffer.fields"):
         tq_system["client"].put(data=bad, partition_id="bad")
+
+
+def test_a_put_retried_after_the_store_died_is_stored_once(tmp_path):
+    """A put that reached the WAL just before a crash is retried by the client: stored once, acknowledged."""
+    from lakebuffer.integrations.tq_store import StoreBody, ipc_bytes
+
+    store = StoreBody(str(tmp_path / "run"), {"snapshot_interval_s": 0}, {"values": "list<float32>"})
+    table = pa.table({"key": ["a/1", "a/2"], "prompt_id": ["p", "p"], "policy_version": [0, 0],
+                      "prompt_ids": [[1], [2]], "response_ids": [[3], [4]], "reward": [0.5, 1.0],
+                      "tq_partition": ["a", "a"], "tq_index": [1, 2], "tq_fields": [",x,", ",x,"]})
+    assert store.put(ipc_bytes(table)) == 2
+    assert store.put(ipc_bytes(table)) == 2
+    assert store.count() == 2
+    other = table.set_column(0, "key", pa.array(["a/9", "a/1"]))  # a genuinely conflicting batch still fails
+    with pytest.raises(SchemaError):
+        store.put(ipc_bytes(other))
+    store.close()
 
 
 def test_storage_kv_client_contract(tq_system):
