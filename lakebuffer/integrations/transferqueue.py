@@ -123,6 +123,16 @@ def close_store(config: Any = None) -> None:
     ray.kill(handle, no_restart=True)
 
 
+def sql(query: str, config: Any = None) -> pa.Table:
+    """Read-only SQL over the stored rollouts from any process of the Ray cluster (table ``rollouts``)."""
+    return read_ipc(ray.get(store_handle(config).sql.remote(query)))
+
+
+def register() -> None:
+    """Nothing to do: importing this module registers the backend. Named so that Ray can run it in
+    every worker (``runtime_env={"worker_process_setup_hook": "lakebuffer.integrations.transferqueue.register"}``)."""
+
+
 @StorageBootstrapProvider.register_provider(BACKEND)
 def _bootstrap(conf: Any) -> dict[str, Any]:
     """``tq.init``'s hook for ``storage_backend: LakeBuffer``: start the store before any client."""
@@ -360,4 +370,4 @@ async def _in_thread(fn: Any, *args: Any) -> Any:
 
 
 __all__ = ["LakeBufferStorageClient", "LakeBufferStorageManager", "StoreUnavailableError", "close_store",
-           "start_store", "store_handle"]
+           "register", "sql", "start_store", "store_handle"]

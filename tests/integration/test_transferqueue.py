@@ -37,8 +37,9 @@ def tq_system(tmp_path_factory):
     from tensordict import NonTensorStack  # noqa: F401  (imported here so a skip happens above)
 
     started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    if started:  # the documented setup: Ray imports the backend in every worker it starts
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"worker_process_setup_hook": "lakebuffer.integrations.transferqueue.register"})
     path = tmp_path_factory.mktemp("tq") / "run"
     cfg = {
         "path": str(path), "snapshot_interval_s": 0, "memory_limit_mb": 64, "run_id": "tq-test",
@@ -48,7 +49,7 @@ def tq_system(tmp_path_factory):
     }
     tq.init(OmegaConf.create({"controller": {"polling_mode": True},
                               "backend": {"storage_backend": "LakeBuffer", "LakeBuffer": cfg}}))
-    yield {"client": tq.get_client(), "cfg": cfg, "path": path,
+    yield {"client": tq.get_client(), "cfg": cfg, "path": path, "hook": started,
            "store": lbtq.LakeBufferStorageClient(cfg)}
     tq.close()
     lbtq.close_store(cfg)
@@ -179,15 +180,17 @@ def test_stored_rollouts_answer_sql_live_and_in_the_lake(tq_system):
 
 
 def test_a_ray_worker_reads_through_its_own_transferqueue_client(tq_system):
-    """verl's workers are other processes: each imports the backend, calls tq.init() and attaches."""
+    """verl's workers are other processes: each has the backend imported (by the Ray setup hook the
+    docs show, or by hand), calls tq.init() and attaches to the running controller."""
     prompts, generation = put_both(tq_system["client"], "worker", seed=6)
+    by_hand = not tq_system["hook"]
 
     @ray.remote(num_cpus=0)
     def consume() -> dict:
         import transfer_queue as tq_w
 
-        import lakebuffer.integrations.transferqueue  # noqa: F401  (registers the backend here too)
-
+        if by_hand:
+            import lakebuffer.integrations.transferqueue  # noqa: F401  (registers the backend here)
         tq_w.init()  # attaches to the running controller; builds a LakeBuffer storage manager
         client = tq_w.get_client()
         meta = client.get_meta(data_fields=["responses", "score"], batch_size=B, partition_id="worker",
