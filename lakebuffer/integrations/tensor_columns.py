@@ -66,8 +66,11 @@ def _to_arrow(value: Any, type_: pa.DataType) -> pa.Array:
     if value.is_nested:
         if not is_list:
             raise TypeError("a jagged field needs a list<...> column")
+        if value.layout != torch.jagged:  # a strided nested tensor has no flat values: re-layout once
+            value = torch.nested.as_nested_tensor(list(value.unbind()), layout=torch.jagged)
+        inner = int(np.prod(value.values().shape[1:], dtype=np.int64))  # [L_i, *inner] per sample
         flat = _flat_numpy(value.values())
-        offsets = value.offsets().cpu().numpy()
+        offsets = value.offsets().cpu().numpy() * inner
     else:
         n = value.shape[0]
         width = int(np.prod(value.shape[1:], dtype=np.int64)) if value.dim() > 1 else 1
@@ -102,15 +105,17 @@ def to_field(column: pa.Array | pa.ChunkedArray, schema: dict[str, Any]) -> Any:
     (its ``dtype``, per-sample ``shape``, ``is_nested``, ``is_non_tensor``)."""
     arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     n = len(arr)
-    if schema.get("is_non_tensor"):
+    if schema.get("is_non_tensor") or pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
         return NonTensorStack(*arr.to_pylist())
     dtype = _torch_dtype(schema.get("dtype"))
     if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
         values = _owned(arr.flatten(), dtype)
         if schema.get("is_nested"):
             lengths = np.asarray(arr.value_lengths().to_numpy(zero_copy_only=False), dtype=np.int64)
-            offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]))
-            return torch.nested.nested_tensor_from_jagged(values, offsets)
+            inner = tuple(schema.get("shape") or ())[1:]  # TransferQueue records the first sample's shape
+            width = int(np.prod(inner, dtype=np.int64)) if inner else 1
+            offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]) // width)
+            return torch.nested.nested_tensor_from_jagged(values.reshape(-1, *inner), offsets)
     else:
         values = _owned(arr, dtype)
     shape = tuple(schema.get("shape") or ())

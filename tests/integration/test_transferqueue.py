@@ -247,3 +247,27 @@ def test_storage_kv_client_contract(tq_system):
         client.get(keys, custom_backend_meta=meta)
     with pytest.raises(SchemaError, match="custom_backend_meta"):
         client.get(keys)
+
+
+@pytest.mark.parametrize("layout", ["jagged", "strided"])
+def test_jagged_fields_with_inner_dims_round_trip_as_one_list_column(layout):
+    """[L_i, K] per sample: one list column over the flat values, offsets scaled by K; read back jagged."""
+    from lakebuffer.integrations.tensor_columns import to_arrow, to_field
+
+    parts = [torch.arange(6.0).reshape(3, 2), torch.arange(10.0, 12.0).reshape(1, 2), torch.zeros(0, 2)]
+    nt = torch.nested.as_nested_tensor(parts, layout=torch.jagged if layout == "jagged" else torch.strided)
+    col = to_arrow(nt, pa.list_(pa.float32()), "f")
+    assert col.to_pylist() == [p.reshape(-1).tolist() for p in parts]
+    back = to_field(col, {"dtype": torch.float32, "shape": (3, 2), "is_nested": True})
+    assert back.is_nested and [t.tolist() for t in back.unbind()] == [p.tolist() for p in parts]
+
+
+def test_kv_contract_strings_and_refusals():
+    from lakebuffer.integrations.tensor_columns import to_arrow, to_field
+
+    col = to_arrow(["a", "b"], pa.string(), "s")
+    assert to_field(col, {}).tolist() == ["a", "b"]  # a string column is a NonTensorStack again
+    with pytest.raises(SchemaError, match="'ids'"):  # an id past int32 is refused, not wrapped
+        to_arrow(torch.tensor([[2**40]]), pa.list_(pa.int32()), "ids")
+    with pytest.raises(SchemaError, match="needs a list"):
+        to_arrow(torch.zeros(2, 3), pa.float32(), "m")
