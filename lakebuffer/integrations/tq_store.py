@@ -99,6 +99,11 @@ class StoreBody:
     def count(self, where: str | None = None) -> int:
         return self.buf.count(where)
 
+    def tiers(self) -> dict[str, int]:
+        """Rows per tier and WAL segments (where a put lives: RAM + WAL, or the warm tier)."""
+        st = self.buf.stats()
+        return {"hot": st["hot"]["rows"], "warm": st["warm"]["rows"], "wal_segments": st["wal"]["segments"]}
+
     def flush(self) -> None:
         self.buf.flush()
 

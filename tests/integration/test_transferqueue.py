@@ -134,6 +134,8 @@ def test_acknowledged_puts_survive_kill_9_of_the_store(tq_system):
     client, store = tq_system["client"], tq_system["store"]
     prompts, generation = put_both(client, "crash", seed=2)  # acknowledged: returned to the caller
     handle = lbtq.store_handle(tq_system["cfg"])
+    before = ray.get(handle.tiers.remote())
+    assert before["warm"] == 0 and before["wal_segments"] > 0  # in RAM and the WAL only: the WAL must bring them back
     pid = ray.get(handle.pid.remote())
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 90
@@ -147,6 +149,7 @@ def test_acknowledged_puts_survive_kill_9_of_the_store(tq_system):
         assert time.monotonic() < deadline, "the store actor was not restarted"
         time.sleep(0.2)
 
+    assert ray.get(handle.tiers.remote())["hot"] == before["hot"]  # replayed into RAM from the WAL
     _, got = fetch(client, "crash", ALL)  # the controller still knows the rows; the store has them again
     assert_same(got, prompts, generation)
     n = store.sql("SELECT count(*) AS n FROM rollouts WHERE tq_partition = 'crash'").column("n")[0].as_py()
