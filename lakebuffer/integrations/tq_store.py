@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..errors import SchemaError
-from ..schema import ROLLOUT_SCHEMA, parse_type
+from ..schema import ROLLOUT_SCHEMA, cast_to, parse_type
 
 # bookkeeping columns the backend adds to the rollout schema (all metadata: usable in where=)
 TQ_COLUMNS = pa.schema([
@@ -92,6 +92,39 @@ class StoreBody:
 
     def delete_keys(self, keys: list[str]) -> int:
         return self.buf.delete(keys=keys) if keys else 0
+
+    def save(self, directory: str) -> int:
+        """Write every stored row to ``<directory>/rows.parquet`` (TransferQueue's storage checkpoint)."""
+        import pyarrow.parquet as pq
+
+        os.makedirs(directory, exist_ok=True)
+        tmp, final = os.path.join(directory, "rows.parquet.tmp"), os.path.join(directory, "rows.parquet")
+        rows = 0
+        with pq.ParquetWriter(tmp, self.buf.schema, compression="zstd") as writer:
+            for batch in self.buf.scan():
+                writer.write_table(cast_to(batch, self.buf.schema))
+                rows += batch.num_rows
+        os.replace(tmp, final)  # a crash mid-save leaves the previous checkpoint's file whole
+        return rows
+
+    def load(self, directory: str) -> int:
+        """Push back the rows of a checkpoint the buffer no longer holds (those cleared since);
+        rows put after the checkpoint stay. Returns the rows restored."""
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        path = os.path.join(directory, "rows.parquet")
+        if not os.path.exists(path):
+            raise SchemaError(f"no lakebuffer rows in the TransferQueue checkpoint {directory} (rows.parquet)")
+        present = self.buf.sql("SELECT key FROM rollouts").column("key").combine_chunks()
+        restored = 0
+        for batch in pq.ParquetFile(path).iter_batches():
+            keep = pc.invert(pc.is_in(batch.column("key"), value_set=present))
+            missing = pa.Table.from_batches([batch]).filter(keep)
+            if missing.num_rows:
+                self.buf.push(missing)
+                restored += missing.num_rows
+        return restored
 
     def sql(self, query: str) -> bytes:
         return ipc_bytes(self.buf.sql(query))

@@ -28,6 +28,7 @@ rows that hold the asked fields; a clear deletes every row of the samples.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Sequence
@@ -224,6 +225,12 @@ class LakeBufferStorageClient(StorageKVClient):
     def clear_samples(self, partition: str, indexes: Sequence[int]) -> int:
         return self._call("delete", partition, [int(i) for i in indexes])
 
+    def save_checkpoint(self, directory: str) -> int:
+        return self._call("save", directory)
+
+    def load_checkpoint(self, directory: str) -> int:
+        return self._call("load", directory)
+
     # StorageKVClient contract -----------------------------------------------------------
     def put(self, keys: list[str], values: list[Any]) -> list[Any] | None:
         """Store ``"<global_index>@<field>"`` values; returns the row key of each (its backend meta)."""
@@ -353,6 +360,17 @@ class LakeBufferStorageManager(KVStorageManager):
         for partition, positions in _by_partition(metadata.partition_ids).items():
             indexes = [metadata.global_indexes[p] for p in positions]
             await _in_thread(self.storage_client.clear_samples, partition, indexes)
+
+
+    async def save_checkpoint(self, checkpoint_dir: str) -> None:
+        """``tq.save_checkpoint``: the stored rows as Parquet under ``<checkpoint_dir>/lakebuffer/``
+        (verl V1's async trainers checkpoint TransferQueue with every model checkpoint)."""
+        await _in_thread(self.storage_client.save_checkpoint, os.path.join(checkpoint_dir, "lakebuffer"))
+
+    async def load_checkpoint(self, checkpoint_dir: str) -> None:
+        """``tq.load_checkpoint``: rows cleared since the checkpoint come back, so the restored
+        controller's row keys all resolve (rows put after it stay in the buffer, unreferenced)."""
+        await _in_thread(self.storage_client.load_checkpoint, os.path.join(checkpoint_dir, "lakebuffer"))
 
 
 def _by_partition(partition_ids: Sequence[str]) -> dict[str, list[int]]:

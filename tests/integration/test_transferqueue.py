@@ -208,6 +208,20 @@ def test_a_ray_worker_reads_through_its_own_transferqueue_client(tq_system):
     assert out["score"] == generation["score"].tolist()
 
 
+def test_tq_checkpoint_brings_back_rows_cleared_since(tq_system, tmp_path):
+    """verl V1 calls tq.save_checkpoint with its model checkpoints and tq.load_checkpoint on resume."""
+    client, store = tq_system["client"], tq_system["store"]
+    prompts, generation = put_both(client, "ckpt", seed=7)
+    tq.save_checkpoint(tmp_path / "tq")  # include_storage: the backend writes its rows as Parquet
+    assert (tmp_path / "tq" / "lakebuffer" / "rows.parquet").exists()
+    meta, _ = fetch(client, "ckpt", ["prompts"])
+    client.clear_samples(meta)  # trained on and cleared after the checkpoint...
+    assert store.sql("SELECT count(*) AS n FROM rollouts WHERE tq_partition = 'ckpt'").column("n")[0].as_py() == 0
+    tq.load_checkpoint(tmp_path / "tq")  # ...then the run resumes from it
+    _, got = fetch(client, "ckpt", ALL)
+    assert_same(got, prompts, generation)
+
+
 def test_an_undeclared_field_is_refused_with_the_fix(tq_system):
     from tensordict import TensorDict
 
