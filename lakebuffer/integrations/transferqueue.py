@@ -38,7 +38,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import LakeBufferError, SchemaError
+from ..errors import LakeBufferError, OptionError, SchemaError
+from ..schema import ROLLOUT_SCHEMA
 from .tensor_columns import to_arrow, to_field
 from .tq_store import StoreBody, ipc_bytes, read_ipc
 
@@ -61,10 +62,12 @@ CLIENT = "lakebuffer"
 NAMESPACE = "transfer_queue"
 DEFAULT_ACTOR = "LakeBufferStore"
 _STARTED: dict[str, Any] = {}  # store actors this process started, kept alive until close_store
-# the rollout columns a put must fill, and what fills them when the put does not carry them
+# rollout columns every row needs: a put that does not carry one gets a neutral value (_neutral)
 _REQUIRED = ("prompt_id", "policy_version", "prompt_ids", "response_ids", "reward")
 _OPEN_OPTIONS = ("lake", "run_id", "memory_limit_mb", "snapshot_interval_s", "storage_options", "durability",
                  "sync", "push_timeout_s", "max_rows", "max_policy_lag", "lake_timeout_s", "takeover")
+_SETTINGS = {"path", "columns", "fields", "actor_name", "actor_options", "lifetime", "retry_s", "client_name",
+             *_OPEN_OPTIONS}
 
 
 class StoreUnavailableError(LakeBufferError, RuntimeError):
@@ -72,15 +75,19 @@ class StoreUnavailableError(LakeBufferError, RuntimeError):
 
 
 def _cfg(config: Any) -> dict[str, Any]:
-    """TransferQueue hands an OmegaConf ``DictConfig``; work on plain containers."""
-    try:
-        from omegaconf import DictConfig, OmegaConf
+    """The ``backend.LakeBuffer`` settings as plain containers (TransferQueue hands a ``DictConfig``),
+    checked: a misspelt setting is an error, not a default silently used."""
+    from omegaconf import DictConfig, OmegaConf
 
-        if isinstance(config, DictConfig):
-            return OmegaConf.to_container(config, resolve=True)  # type: ignore[return-value]
-    except ImportError:  # pragma: no cover
-        pass
-    return dict(config or {})
+    cfg = OmegaConf.to_container(config, resolve=True) if isinstance(config, DictConfig) else dict(config or {})
+    unknown = sorted(set(cfg) - _SETTINGS)
+    if unknown:
+        raise OptionError(f"unknown backend.LakeBuffer setting {unknown[0]!r}; known: {', '.join(sorted(_SETTINGS))}")
+    bad = sorted(set(cfg.get("columns") or {}) - set(ROLLOUT_SCHEMA.names))
+    if bad:
+        raise OptionError(f"backend.LakeBuffer.columns maps rollout columns ({', '.join(ROLLOUT_SCHEMA.names)}) "
+                          f"to TransferQueue fields; {bad[0]!r} is not one (declare other fields in fields:)")
+    return cfg  # type: ignore[return-value]
 
 
 # the store actor ------------------------------------------------------------------------------

@@ -266,6 +266,13 @@ def test_storage_kv_client_contract(tq_system):
         client.get(keys)
 
 
+def test_a_misspelt_setting_is_an_error():
+    with pytest.raises(lb.LakeBufferError, match="unknown backend.LakeBuffer setting 'memory_limit'"):
+        lbtq.start_store({"path": "x", "memory_limit": 64})
+    with pytest.raises(lb.LakeBufferError, match="'rewards' is not one"):
+        lbtq.start_store({"path": "x", "columns": {"rewards": "score"}})
+
+
 @pytest.mark.parametrize("layout", ["jagged", "strided"])
 def test_jagged_fields_with_inner_dims_round_trip_as_one_list_column(layout):
     """[L_i, K] per sample: one list column over the flat values, offsets scaled by K; read back jagged."""
