@@ -46,6 +46,9 @@ def store_schema(fields: dict[str, str] | None) -> pa.Schema:
         if name in ROLLOUT_SCHEMA.names or name in TQ_COLUMNS.names:
             raise SchemaError(f"TransferQueue field {name!r} collides with a lakebuffer column; map it "
                               f"with columns: {{{name}: <field>}} instead of declaring it in fields")
+        if str(type_text).strip() == "json":  # Python objects (verl's extra_fields, metrics): JSON text
+            extra.append(pa.field(name, pa.string(), metadata={"lakebuffer.tq": "json"}))
+            continue
         try:
             extra.append(pa.field(name, parse_type(str(type_text))))
         except ValueError as e:

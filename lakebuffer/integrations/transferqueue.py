@@ -28,6 +28,7 @@ rows that hold the asked fields; a clear deletes every row of the samples.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid
@@ -46,7 +47,7 @@ from .tq_store import StoreBody, ipc_bytes, read_ipc
 try:  # the backend needs the real package; the error says how to get it
     import ray
     import torch
-    from tensordict import TensorDict
+    from tensordict import NonTensorStack, TensorDict
     from transfer_queue.metadata import BatchMeta, extract_field_schema
     from transfer_queue.storage.bootstrap import StorageBootstrapProvider
     from transfer_queue.storage.clients.base import StorageClientFactory, StorageKVClient
@@ -165,6 +166,7 @@ class LakeBufferStorageClient(StorageKVClient):
         self.retry_s = float(cfg.get("retry_s", 120))
         self.columns: dict[str, str] = dict(cfg.get("columns") or {})  # lakebuffer column -> TQ field
         self.to_column = {field: col for col, field in self.columns.items()}
+        self.json_fields = {f for f, t in (cfg.get("fields") or {}).items() if str(t).strip() == "json"}
         self.store = store_handle(cfg)
         self.schema = pa.ipc.read_schema(pa.py_buffer(self._call("schema")))
 
@@ -204,6 +206,8 @@ class LakeBufferStorageClient(StorageKVClient):
             col = self.column_of(field)
             if col in cols:
                 raise SchemaError(f"two TransferQueue fields map to lakebuffer column {col!r}")
+            if field in self.json_fields:
+                value = _json_texts(field, value)
             cols[col] = to_arrow(value, self.schema.field(col).type, field)
         part = pa.array([partition] * 1, pa.string()).take(pa.array(np.zeros(n, dtype=np.int64)))
         cols.update(tq_partition=part, tq_index=idx,
@@ -226,7 +230,11 @@ class LakeBufferStorageClient(StorageKVClient):
         for (_, fields), data in zip(groups.items(), self._call("get", requests), strict=True):
             table = read_ipc(data)
             for field in fields:
-                out[field] = to_field(table.column(self.column_of(field)), field_schema.get(field, {}))
+                column = table.column(self.column_of(field))
+                if field in self.json_fields:
+                    out[field] = NonTensorStack(*[json.loads(t) for t in column.to_pylist()])
+                else:
+                    out[field] = to_field(column, field_schema.get(field, {}))
         return out
 
     def clear_samples(self, partition: str, indexes: Sequence[int]) -> int:
@@ -287,6 +295,15 @@ class LakeBufferStorageClient(StorageKVClient):
     def sql(self, query: str) -> pa.Table:
         """Read-only SQL over the stored rollouts (``ReplayBuffer.sql``; table ``rollouts``)."""
         return read_ipc(self._call("sql", query))
+
+
+def _json_texts(field: str, value: Any) -> list[str]:
+    """A non-tensor field declared ``json``: one JSON text per sample (Python objects, so per row)."""
+    items = value.tolist() if isinstance(value, NonTensorStack) else list(value)
+    try:
+        return [json.dumps(v, allow_nan=False) for v in items]
+    except (TypeError, ValueError) as e:
+        raise SchemaError(f"TransferQueue field {field!r} is declared json but a value is not JSON: {e}") from e
 
 
 def _split_key(key: str) -> tuple[int, str]:

@@ -45,7 +45,7 @@ def tq_system(tmp_path_factory):
         "path": str(path), "snapshot_interval_s": 0, "memory_limit_mb": 64, "run_id": "tq-test",
         "columns": {"prompt_ids": "prompts", "response_ids": "responses", "response_logprobs": "old_log_probs",
                     "reward": "score", "prompt_id": "uid", "policy_version": "version"},
-        "fields": {"attention_mask": "list<int8>", "values": "list<float32>"},
+        "fields": {"attention_mask": "list<int8>", "values": "list<float32>", "extra_fields": "json"},
     }
     tq.init(OmegaConf.create({"controller": {"polling_mode": True},
                               "backend": {"storage_backend": "LakeBuffer", "LakeBuffer": cfg}}))
@@ -75,6 +75,8 @@ def rollouts(seed: int, n: int = B):
         "score": torch.rand(n, generator=g),
         "version": torch.full((n,), seed, dtype=torch.int64),
         "values": torch.randn(n, R, 2, generator=g).to(torch.bfloat16),
+        # verl V1 puts Python dicts (extra_fields, metrics): declared json, stored as JSON text
+        "extra_fields": NonTensorStack(*[{"turns": i, "tool": None, "scores": [0.5, i]} for i in range(n)]),
     }, batch_size=n)
     return prompts, generation
 
@@ -103,9 +105,11 @@ def assert_same(got, prompts, generation):
     assert torch.equal(got["old_log_probs"], generation["old_log_probs"])
     assert torch.equal(got["score"].reshape(-1), generation["score"])  # KV backends hand 1-D fields back as (B, 1)
     assert got["values"].dtype == torch.bfloat16 and torch.equal(got["values"], generation["values"])
+    assert got["extra_fields"].tolist() == generation["extra_fields"].tolist()
 
 
-ALL = ["prompts", "uid", "attention_mask", "responses", "old_log_probs", "score", "version", "values"]
+ALL = ["prompts", "uid", "attention_mask", "responses", "old_log_probs", "score", "version", "values",
+       "extra_fields"]
 
 
 def test_round_trip_and_clear_through_transferqueue_client(tq_system):
