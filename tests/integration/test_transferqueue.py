@@ -212,6 +212,26 @@ def test_a_ray_worker_reads_through_its_own_transferqueue_client(tq_system):
     assert out["score"] == generation["score"].tolist()
 
 
+def test_the_kv_interface_verl_v1_uses(tq_system):
+    """verl V1's agent loop: kv_put (tags only), kv_batch_put (fields + tags), kv_batch_get, kv_list, kv_clear."""
+    store = tq_system["store"]
+    prompts, generation = rollouts(seed=8, n=4)
+    keys = [f"uid{i}_s0_0" for i in range(4)]
+    for k in keys:
+        tq.kv_put(key=k, partition_id="kv", tag={"status": "running"})
+    tq.kv_batch_put(keys=keys, partition_id="kv", fields=generation.select("responses", "score", "extra_fields"),
+                    tags=[{"status": "success", "global_steps": 3}] * 4)
+    assert set(tq.kv_list("kv")["kv"]) == set(keys)
+    got = tq.kv_batch_get(keys=keys[::-1], partition_id="kv", select_fields=["responses", "score", "extra_fields"])
+    for a, b in zip(got["responses"].unbind(), generation["responses"].unbind()[::-1], strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(got["score"].reshape(-1), generation["score"].flip(0))
+    assert got["extra_fields"].tolist() == generation["extra_fields"].tolist()[::-1]
+    assert store.sql("SELECT count(*) AS n FROM rollouts WHERE tq_partition = 'kv'").column("n")[0].as_py() == 4
+    tq.kv_clear(keys=keys, partition_id="kv")
+    assert store.sql("SELECT count(*) AS n FROM rollouts WHERE tq_partition = 'kv'").column("n")[0].as_py() == 0
+
+
 def test_tq_checkpoint_brings_back_rows_cleared_since(tq_system, tmp_path):
     """verl V1 calls tq.save_checkpoint with its model checkpoints and tq.load_checkpoint on resume."""
     client, store = tq_system["client"], tq_system["store"]
