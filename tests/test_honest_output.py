@@ -98,4 +98,5 @@ def test_grpo_example_leaves_no_temp_data(tmp_path, monkeypatch):
     finally:
         sys.path.remove(str(root / "examples"))
     grpo_loop.main(["--steps", "2", "--updates", "1", "--prompts", "4", "--group", "2", "--batch-size", "4"])
-    assert not list(tmp_path.iterdir())
+    # torch keeps its compiler cache in $TMPDIR/torchinductor_<user> (torch's, not the example's data)
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith("torchinductor_")] == []
