@@ -65,7 +65,10 @@ def sandbox(con: duckdb.DuckDBPyConnection, memory_limit_bytes: int | None = Non
     # of warm rollouts, ``avg(len(response_ids))`` took 530 MB of anonymous RSS, 74 MB with the flip off
     # (the views put the small side, ``meta``, on the right, where a hash join builds).
     con.execute("SET disabled_optimizers = 'build_side_probe_side'")
-    con.execute("SET enable_progress_bar = false")  # a library never draws on the user's terminal
+    try:  # a library never draws on the user's terminal; in Jupyter without ipywidgets DuckDB has no
+        con.execute("SET enable_progress_bar = false")  # bar to draw and refuses the setting itself
+    except duckdb.Error:
+        pass
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
     return con
