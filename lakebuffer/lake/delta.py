@@ -74,9 +74,18 @@ def delta_storage_options(store: LakeFS) -> dict[str, str]:
     return out
 
 
+_IO_WORDS = ("s3 error", "connect", "timed out", "timeout", "error sending request", "http error", "dns", "forbidden",
+             "access denied", "permission", "object store", "io error", "broken pipe", "reset by peer")
+_DAMAGE_WORDS = ("json", "parse", "invalid", "deserializ", "corrupt", "unexpected end", "eof", "utf-8", "magic")
+
+
 def _damaged(e: Exception) -> bool:
+    """Whether a deltalake error means a damaged log (rather than an unreachable store): delta-rs
+    raises the same exception classes for both, so the message decides."""
     text = str(e).lower()
-    return any(w in text for w in ("json", "parse", "invalid", "checkpoint", "corrupt", "unexpected"))
+    if any(w in text for w in _IO_WORDS):
+        return False
+    return any(w in text for w in _DAMAGE_WORDS)
 
 
 class DeltaLog:

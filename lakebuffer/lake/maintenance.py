@@ -183,11 +183,18 @@ def gc(lake: Lake, older_than_s: float) -> int:
     removed = 0
     if dt is not None:
         hours = max(0, math.ceil(float(older_than_s) / 3600))
-        gone = lake.delta._call(
+        before = _data_objects(lake)
+        lake.delta._call(
             "vacuuming the Delta table", dt.vacuum, retention_hours=hours, dry_run=False, enforce_retention_duration=False, full=True
         )
-        removed = len(gone)
+        # vacuum reports every file its remove actions name, also those an earlier vacuum deleted: count
+        removed = len(before - _data_objects(lake))
     return removed + abort_stale_uploads(lake, cutoff)
+
+
+def _data_objects(lake: Lake) -> set[str]:
+    """Every data object under the lake (the Delta log and lakebuffer's own folders excluded)."""
+    return {p for p in lake.store.find(what="listing the lake's files") if "/_delta_log/" not in p and "/_writers/" not in p}
 
 
 def abort_stale_uploads(lake: Lake, cutoff: float) -> int:

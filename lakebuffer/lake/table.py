@@ -39,6 +39,7 @@ from .verified import mark_verified, verify_entries
 from .writer import Writer
 
 EMPTY_KEYS = pa.array([], pa.string())
+DELTA_PROTOCOLS = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "azure"}
 
 
 def _ident(name: str) -> str:
@@ -152,6 +153,11 @@ class Lake:
             verify_reads=verify_reads,
         )
         self.store = LakeFS(url, storage_options, filesystem)
+        if not (self.store.local or self.store.protocol in DELTA_PROTOCOLS):
+            raise LakeError(
+                f"lake {url!r}: deltalake cannot open {self.store.protocol}:// URLs; use a local path, s3://, gs:// "
+                "or an Azure URL (abfss://, az://)"
+            )
         self.delta = DeltaLog(self.store)
         self.claims = WriterClaims(self.store)
         self._format = ds.ParquetFileFormat(
