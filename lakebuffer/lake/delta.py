@@ -32,7 +32,7 @@ from deltalake.transaction import AddAction, RemoveAction, create_table_with_add
 
 from ..errors import CorruptionError, LakeError, LockedError
 from .fs import LakeFS
-from .layout import PARTITION_COLUMNS, PARTITION_FIELDS, now
+from .layout import DELTA_LOG, PARTITION_COLUMNS, PARTITION_FIELDS, now
 
 DOC_KEY = "lakebuffer"
 TABLE_CONFIG = {"delta.enableExpiredLogCleanup": "false"}
@@ -105,13 +105,30 @@ class DeltaLog:
             raise
         except (DeltaError, DeltaProtocolError, OSError) as e:
             if _damaged(e):
+                bad = self.damaged_file()
                 raise CorruptionError(
-                    f"the Delta log of lake {self.uri} is damaged ({what}: {e}); restore the damaged "
-                    "_delta_log file from a copy of the lake, or remove the newest damaged commit file"
+                    f"the Delta log of lake {self.uri} is damaged ({what}: {e}){f'; {bad} does not parse' if bad else ''}; "
+                    "restore the damaged _delta_log file from a copy of the lake"
                 ) from e
             raise LakeError(f"{what} on lake {self.uri} failed: {type(e).__name__}: {e}") from e
         except Exception as e:  # noqa: BLE001 - any dependency error reaches the user as a LakeError
             raise LakeError(f"{what} on lake {self.uri} failed: {type(e).__name__}: {e}") from e
+
+    def damaged_file(self, newest: int = 100) -> str | None:
+        """The newest commit file of the log that is not valid JSON lines (checks at most ``newest``), or
+        None: delta-rs' parse errors do not name the file."""
+        try:
+            names = sorted(p for p in self.store.find(DELTA_LOG) if p.endswith(".json"))[-newest:]
+            for path in reversed(names):
+                rel = self.store.strip(path)[len(self.store.root) + 1 :]
+                for line in self.store.cat(rel).splitlines():
+                    if line.strip():
+                        json.loads(line)
+        except ValueError:
+            return self.store.url_of(rel)
+        except Exception:  # noqa: BLE001 - only a hint for the message
+            return None
+        return None
 
     def table(self, version: int | None = None) -> DeltaTable | None:
         """The table (at ``version``), or None when the lake has no Delta table yet."""

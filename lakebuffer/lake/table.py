@@ -242,6 +242,7 @@ class Lake:
         files = entries_of(files_dt, run_id)
         return {
             "snapshot_id": sid,
+            "parent_id": sid - 1 if sid > 1 else None,
             "version": version,
             "run_id": run_id,
             "operation": doc.get("operation", "append"),
