@@ -21,6 +21,7 @@ every checkpoint keeps (delta-rs refuses unknown table properties).
 from __future__ import annotations
 
 import json
+import os
 import threading
 from typing import Any
 
@@ -46,9 +47,12 @@ def delta_storage_options(store: LakeFS) -> dict[str, str]:
     """deltalake (object_store) options from the fsspec-style ``storage_options`` of the lake
     (``endpoint_url``, ``key``, ``secret``, ``token``, ``client_kwargs.region_name``,
     ``config_kwargs`` timeouts); upper-case ``AWS_*`` / ``AZURE_*`` / ``GOOGLE_*`` keys pass through."""
-    so = store.storage_options
+    so = {**_from_filesystem(store.fs), **store.storage_options}
     out: dict[str, str] = {}
     if store.protocol in ("s3", "s3a"):
+        ep_env = os.environ.get("AWS_ENDPOINT_URL", "")
+        if ep_env.startswith("http://"):
+            out["AWS_ALLOW_HTTP"] = "true"
         ep = so.get("endpoint_url") or (so.get("client_kwargs") or {}).get("endpoint_url")
         if ep:
             out["AWS_ENDPOINT_URL"] = str(ep)
@@ -77,6 +81,19 @@ def delta_storage_options(store: LakeFS) -> dict[str, str]:
 _IO_WORDS = ("s3 error", "connect", "timed out", "timeout", "error sending request", "http error", "dns", "forbidden",
              "access denied", "permission", "object store", "io error", "broken pipe", "reset by peer")
 _DAMAGE_WORDS = ("json", "parse", "invalid", "deserializ", "corrupt", "unexpected end", "eof", "utf-8", "magic")
+
+
+def _from_filesystem(fs: Any) -> dict:
+    """Connection settings of an s3fs filesystem handed to ``Lake(filesystem=...)`` (public attributes)."""
+    out: dict = {}
+    for name in ("endpoint_url", "key", "secret", "token"):
+        v = getattr(fs, name, None)
+        if isinstance(v, str) and v:
+            out[name] = v
+    ck = getattr(fs, "client_kwargs", None)
+    if isinstance(ck, dict) and ck:
+        out["client_kwargs"] = ck
+    return out
 
 
 def _damaged(e: Exception) -> bool:
@@ -192,9 +209,10 @@ class DeltaLog:
         doc: dict,
         txn: tuple[str, int] | None,
         settings: dict,
-    ) -> DeltaTable:
+    ) -> tuple[DeltaTable, dict]:
         """Commit the actions as one Delta version carrying ``doc`` (and the run's app transaction);
-        create the table first when ``dt`` is None. The committed table (a fresh handle)."""
+        create the table first when ``dt`` is None. (the committed table, a fresh handle; the doc as
+        committed)."""
         doc = {**doc, "created_at": now()[0], "created_at_s": now()[1]}
         props = CommitProperties(
             custom_metadata={DOC_KEY: json.dumps(doc)},
@@ -216,7 +234,7 @@ class DeltaLog:
                     storage_options=self.options,
                     commit_properties=props,
                 )
-                return self.table()
+                return self.table(), doc
             except LakeError as e:
                 dt = self.table()
                 if dt is None or "exist" not in str(e).lower():
@@ -232,7 +250,7 @@ class DeltaLog:
             partition_by=PARTITION_COLUMNS,
             commit_properties=props,
         )
-        return self.table()
+        return self.table(), doc
 
     def evolve(self, dt: DeltaTable, schema: pa.Schema) -> None:
         """Add the columns of ``schema`` the table does not have yet (a run with extra columns)."""

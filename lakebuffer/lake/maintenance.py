@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING
 from deltalake.exceptions import CommitFailedError
 
 from ..errors import CorruptionError, LakeBufferError, LakeError
+from ..schema import cast_to
 from . import s3
 from .layout import TOKEN_TIME, check_run_id
-from .reader import FileReader, check_bytes
+from .reader import FileReader, check_bytes, read_group
 from .rows import schema_from_b64, without
 from .writer import Writer
 
@@ -102,18 +103,16 @@ def _compact_run(lake: Lake, r: str, target_file_bytes: int, small_file_fraction
     committing = False
     try:
         for entry, pf, i in FileReader(lake.store, opts, chosen, verify=True).row_groups():
-            t = pf.read_row_group(i, use_threads=False)
+            t = read_group(lake.store, entry, pf, i)
             if writer is None:
                 file_schema = without(schema, ["run_id", "policy_bucket"]) if schema is not None else t.schema
                 writer = Writer(lake.store, opts, lake.policy_bucket_size, r, int(rs["snapshot_id"] or 0), file_schema, target_file_bytes, tag="c", lanes=lanes)
-            from ..schema import cast_to
-
             for b in cast_to(t, writer.schema).to_batches():
                 writer.add(b)
             tick(int(entry["bytes"]) // max(pf.metadata.num_row_groups, 1))
         entries = writer.finish() if writer is not None else []
         committing = True  # a failure now may leave a landed commit: keep the files
-        lake.delta.commit(
+        lake.delta.commit(  # no app transaction: compaction is no snapshot of the run
             dt,
             adds=[_add(e, r, data_change=False) for e in entries],
             removes=[_remove(f, data_change=False) for f in chosen],

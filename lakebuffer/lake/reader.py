@@ -120,6 +120,15 @@ class FileReader:
             pool.shutdown(wait=True, cancel_futures=True)
 
 
+def read_group(store: LakeFS, entry: dict, pf: pq.ParquetFile, i: int, columns: list[str] | None = None) -> pa.Table:
+    """Row group ``i`` of a lake file; a decoding error (a page checksum on ranged reads, a damaged
+    page or header) is a ``CorruptionError`` naming the file, never a raw Arrow error."""
+    try:
+        return pf.read_row_group(i, columns=columns, use_threads=False)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise CorruptionError(f"lake file {store.url_of(entry['path'])} cannot be decoded ({e}); restore it from a copy of the lake") from e
+
+
 def key_range_hit(entry: dict, lo: str, hi: str) -> bool:
     """Whether the file's key range (from its Delta stats) may hold a key in [lo, hi]."""
     kmin, kmax = entry.get("min_key"), entry.get("max_key")

@@ -10,9 +10,11 @@ snapshot commits, plus that commit's lakebuffer document (``snapshot_id``, ``ver
 from __future__ import annotations
 
 import contextlib
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
+from urllib.parse import unquote
 
 import fsspec
 import pyarrow as pa
@@ -33,7 +35,7 @@ from .delta import DeltaLog, app_id
 from .fs import LakeFS
 from .layout import DELTA_LOG, OLD_FORMAT_MARKERS, PARTITION_FIELDS, MiB, check_run_id, now, sha256_of, snapshot_of
 from .options import LakeOptions
-from .reader import FileReader, fetch, holds_any, key_range_hit, open_parquet
+from .reader import FileReader, fetch, holds_any, key_range_hit, open_parquet, read_group
 from .rows import iter_input, schema_from_b64, schema_to_b64, with_run_id, without, without_columns
 from .verified import mark_verified, verify_entries
 from .writer import Writer
@@ -73,7 +75,8 @@ def entries_of(dt: DeltaTable | None, run_id: str | None = None) -> list[dict]:
         "path", "size_bytes", "num_records", "partition.run_id", "partition.policy_bucket",
         "min.key", "max.key", "min.policy_version", "max.policy_version")}
     out = []
-    for i, path in enumerate(cols["path"]):
+    for i, logged in enumerate(cols["path"]):
+        path = unquote(logged)  # get_add_actions gives the log's URI-encoded path
         out.append({
             "path": path,
             "run_id": cols["partition.run_id"][i],
@@ -430,7 +433,7 @@ class Lake:
         physical = [f.name for f in out_schema if f.name not in ("run_id", "policy_bucket")]
         for entry, pf, i in FileReader(self.store, self.options, m["files"], verify).row_groups():
             avail = set(pf.schema_arrow.names)
-            t = pf.read_row_group(i, columns=[c for c in physical if c in avail], use_threads=False)
+            t = read_group(self.store, entry, pf, i, [c for c in physical if c in avail])
             n = t.num_rows
             if n == 0:
                 continue
@@ -569,6 +572,7 @@ class Lake:
             doc = {
                 "run_id": run_id,
                 "snapshot_id": sid,
+                "commit_id": uuid.uuid4().hex,  # recognises this commit after a lost reply
                 "operation": "append",
                 "schema": schema_to_b64(schema_doc),
                 "meta": meta or {},
@@ -579,15 +583,20 @@ class Lake:
             removes = [_remove(e, data_change=True) for e in removed]
             committing = True  # from here on a failure may leave a commit that landed: keep the files
             try:
-                new_dt = self.delta.commit(
+                new_dt, doc = self.delta.commit(
                     dt, adds=adds, removes=removes, schema=schema_doc, doc=doc, txn=(run_id, sid),
                     settings={"format": "lakebuffer.delta/1", "policy_bucket_size": self.policy_bucket_size},
                 )
             except CommitFailedError as e:
                 committing = False
                 raise self._commit_failed(run_id, sid, e) from e
+            except LakeError:
+                landed = self._landed(run_id, sid, doc["commit_id"])  # a lost reply: did it land?
+                if landed is None:
+                    raise
+                new_dt, doc = landed
             mark_verified(self.store, entries + rewritten)  # checksummed from the bytes written
-            return self._manifest(new_dt, run_id, sid, new_dt.version(), {**doc}, new_dt)
+            return self._manifest(new_dt, run_id, sid, new_dt.version(), doc, new_dt)
         except BaseException as e:
             if not committing:  # nothing references these files: try to remove them (vacuum gets the rest)
                 for w in (writer, rewriter):
@@ -598,6 +607,18 @@ class Lake:
             raise LakeError(
                 f"snapshot of run {run_id!r} to lake {self.url} failed, nothing was committed: {type(e).__name__}: {e}"
             ) from e
+
+    def _landed(self, run_id: str, sid: int, commit_id: str) -> tuple[DeltaTable, dict] | None:
+        try:
+            dt = self.delta.table()
+            if dt is None:
+                return None
+            found = self.delta.run_commits(dt, run_id).get(sid)
+        except LakeBufferError:
+            return None
+        if found is None or found[1].get("commit_id") != commit_id:
+            return None
+        return dt, found[1]
 
     def _commit_failed(self, run_id: str, sid: int, e: Exception) -> LakeBufferError:
         dt = self.delta.table()
@@ -629,7 +650,7 @@ class Lake:
             if not holds_any(pf, keys):
                 continue
             for i in range(pf.metadata.num_row_groups):
-                t = pf.read_row_group(i, use_threads=False)
+                t = read_group(self.store, entry, pf, i)
                 keep = pc.invert(pc.is_in(t.column("key"), value_set=keys))
                 survivors = t.filter(keep)
                 dropped += t.num_rows - survivors.num_rows

@@ -169,7 +169,7 @@ class PartFile:
             self.buffer = None
             digest = hashlib.sha256(data).hexdigest()
             rel = f"{self.dir_rel}/{data_name(sid, n, token, digest)}"
-            self.store.io(f"uploading {rel}", self.store.fs.pipe_file, self.store.abs(rel), data.to_pybytes())
+            self.store.io(f"uploading {rel}", self.store.put_small, rel, data.to_pybytes())
             nbytes = data.size
         else:
             h = hashlib.sha256()
