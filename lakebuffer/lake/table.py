@@ -602,6 +602,8 @@ class Lake:
                 for w in (writer, rewriter):
                     if w is not None:
                         w.abort()
+            if not committing and type(e) is LakeError:  # a storage error before the commit
+                raise LakeError(f"snapshot of run {run_id!r} to lake {self.url} failed, nothing was committed: {e}") from e
             if e is user_error or isinstance(e, (LakeBufferError, KeyboardInterrupt)):
                 raise
             raise LakeError(
