@@ -9,7 +9,6 @@ itself and cannot see fsspec's in-memory files (``test_memory_url_is_refused``).
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
 import numpy as np
