@@ -241,6 +241,14 @@ class Lake:
         dt = self.delta.table()
         return sorted(self.delta.run_commits(dt, run_id)) if dt is not None else []
 
+    def snapshot_docs(self, run_id: str) -> dict[int, dict]:
+        """snapshot id -> the commit document (``meta``, ``summary``, ``version``...) of each snapshot
+        of a run, read from the Delta log without listing files (reconciliation after a crash)."""
+        dt = self.delta.table()
+        if dt is None:
+            return {}
+        return {sid: {**doc, "version": v} for sid, (v, doc) in self.delta.run_commits(dt, run_id).items()}
+
     def _manifest(self, dt: DeltaTable, run_id: str, sid: int, version: int, doc: dict, files_dt: DeltaTable) -> dict:
         files = entries_of(files_dt, run_id)
         return {
@@ -253,7 +261,13 @@ class Lake:
             "created_at_s": doc.get("created_at_s"),
             "schema": doc.get("schema"),
             "meta": doc.get("meta") or {},
-            "summary": doc.get("summary") or {},
+            "summary": {
+                **(doc.get("summary") or {}),
+                "rows": sum(int(f["rows"] or 0) for f in files),  # the run's live rows at this version
+                "files": len(files),
+                "bytes": sum(int(f["bytes"]) for f in files),
+            },
+            "added_files": [f for f in files if f["snapshot_id"] == sid],
             "files": files,
             "delete_files": [],
         }
