@@ -11,6 +11,7 @@ decodes them (``page_checksum_verification``), the footer is not.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -23,6 +24,17 @@ from .fs import LakeFS
 from .layout import sha256_of
 from .options import LakeOptions
 
+log = logging.getLogger("lakebuffer")
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_unverifiable(path: str) -> None:
+    if path not in _WARNED:
+        _WARNED.add(path)
+        log.warning("lake file %s was not written by lakebuffer (no sha256 in its name): read unverified", path)
+
 
 def check_bytes(entry: dict, data: bytes | memoryview) -> str | None:
     """What is wrong with ``data`` as the file ``entry`` (size from the Delta log, sha256 from the
@@ -31,7 +43,10 @@ def check_bytes(entry: dict, data: bytes | memoryview) -> str | None:
         return f"{len(data)} bytes, the Delta log says {entry['bytes']}"
     want = entry.get("sha256") or sha256_of(entry["path"])
     if not want:
-        return "no sha256 in its name (not written by lakebuffer)"
+        # written by another Delta writer (e.g. an OPTIMIZE run with Spark): nothing to check it
+        # against; its Parquet page checksums, if it has any, are still verified on ranged reads
+        _warn_unverifiable(entry["path"])
+        return None
     digest = hashlib.sha256(data).hexdigest()
     if digest != want:
         return f"sha256 {digest}, its name says {want}"
