@@ -23,6 +23,7 @@ from ..errors import CorruptionError
 from .fs import LakeFS
 from .layout import sha256_of
 from .options import LakeOptions
+from .verified import mark_verified
 
 log = logging.getLogger("lakebuffer")
 
@@ -73,6 +74,7 @@ def fetch(store: LakeFS, entry: dict, *, verify: bool) -> bytes:
                 f"lake file {store.url_of(rel)} fails its checksum ({problem}); nothing was read from it. Restore "
                 "the file from a copy of the lake, or rewrite the run from a buffer that still holds the rows"
             )
+        mark_verified(store, [entry])  # the dataset paths need not read it again in this process
     return data
 
 
