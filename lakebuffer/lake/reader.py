@@ -86,8 +86,8 @@ def open_parquet(store: LakeFS, entry: dict, data: bytes) -> pq.ParquetFile:
 
 
 class FileReader:
-    """The files of a scan in order, fetched by ``read_concurrency`` threads up to ``read_ahead_bytes``
-    ahead of the consumer (so decoding one file overlaps fetching the next), each checked whole."""
+    """The files of a scan in order, fetched one at a time up to ``read_ahead_bytes`` ahead of the
+    consumer (so decoding one file overlaps fetching the next), each checked whole."""
 
     def __init__(self, store: LakeFS, options: LakeOptions, entries: list[dict], verify: bool) -> None:
         self.store = store
@@ -115,7 +115,9 @@ class FileReader:
             return
         if not self.entries:
             return
-        pool = ThreadPoolExecutor(max_workers=max(1, self.options.read_concurrency), thread_name_prefix="lakebuffer-fetch")
+        # one GET at a time, ahead of decoding: the first file arrives as early as possible and decoding
+        # it overlaps fetching the next (several in parallel only split the same bandwidth)
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lakebuffer-fetch")
         futures: dict[int, Future] = {}
         ahead = 0
         nxt = 0

@@ -221,8 +221,9 @@ class Lake:
 
     @property
     def delta_storage_options(self) -> dict[str, str]:
-        """``storage_options`` for deltalake / polars ``scan_delta`` / DuckDB ``delta_scan`` readers."""
-        return dict(self.delta.options)
+        """``storage_options`` for deltalake / polars ``scan_delta`` readers: the ``AWS_*`` (etc.)
+        connection keys (lakebuffer's own timeouts and retries stay out: not every reader takes them)."""
+        return {k: v for k, v in self.delta.options.items() if k.isupper()}
 
     def table(self, version: int | None = None) -> DeltaTable | None:
         """The ``deltalake.DeltaTable`` (at ``version``), or None before the first commit."""
