@@ -49,6 +49,10 @@ class LakeError(LakeBufferError, OSError):
     """The cold lake (S3 or fsspec URL) could not be read or written."""
 
 
+class OldLakeFormatError(LakeError):
+    """The lake was written by lakebuffer's own table format (before Delta Lake): not readable here."""
+
+
 class LockedError(LakeBufferError, RuntimeError):
     """Another process holds the buffer directory open for writing."""
 

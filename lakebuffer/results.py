@@ -14,7 +14,8 @@ from typing import Any
 @dataclass(frozen=True)
 class Snapshot:
     """One committed lake snapshot of a run (totals are the run's, as of this commit; ``rows`` are
-    live rows: file rows minus the ``deleted_keys`` its tombstones hide)."""
+    live rows: Delta deletes rewrite files, so no file row is hidden; ``deleted_keys`` is how many keys
+    this snapshot deleted)."""
 
     snapshot_id: int
     run_id: str
@@ -31,7 +32,7 @@ class Snapshot:
         summary = manifest.get("summary", {})
         return cls(
             snapshot_id=int(manifest["snapshot_id"]), run_id=str(manifest["run_id"]), lake=lake,
-            rows=int(summary.get("rows", 0)) - int(summary.get("deleted_keys", 0)), files=int(summary.get("files", 0)), bytes=int(summary.get("bytes", 0)),
+            rows=int(summary.get("rows", 0)), files=int(summary.get("files", 0)), bytes=int(summary.get("bytes", 0)),
             added_files=len(manifest.get("added_files", [])), deleted_keys=int(summary.get("deleted_keys", 0)),
             created_at=manifest.get("created_at"),
         )

@@ -169,6 +169,64 @@ class _Relay:
                 src.close()
 
 
+
+def serve_relay(port: int, target_port: int) -> None:
+    """Run a ``_Relay`` until SIGTERM (then reset its connections, like ``_Relay.stop``) - the body of
+    ``_RelayProcess``'s child."""
+    relay = _Relay(port, target_port)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    relay.start()
+    print("ready", flush=True)
+    done.wait()
+    relay.stop()
+    os._exit(0)
+
+
+class _RelayProcess:
+    """A ``_Relay`` in a child process, with the same ``start``/``stop``/``running``.
+
+    Why a process: deltalake (delta-rs) holds the GIL during some calls that do S3 I/O (e.g.
+    ``DeltaTable.history``), so a relay thread in the test process could never forward the request
+    that call is waiting for (a deadlock until the client's timeout). A real endpoint is another
+    process too."""
+
+    def __init__(self, port: int, target_port: int) -> None:
+        self.port = port
+        self.target_port = target_port
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> None:
+        if self.running:
+            return
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        code = f"from tests.s3server import serve_relay; serve_relay({self.port}, {self.target_port})"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code], cwd=root, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, start_new_session=True
+        )
+        line = self.proc.stdout.readline()
+        if line.strip() != b"ready":
+            self.stop()
+            raise RuntimeError(f"the S3 relay did not start: {line!r}")
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
 class S3Server:
     """A moto S3 server subprocess on 127.0.0.1 behind a relay that tests can cut (``stop``/``start``)."""
 
@@ -181,7 +239,7 @@ class S3Server:
         self.region = REGION
         self.log_path = os.path.join(log_dir, f"moto-{self.moto_port}.log")
         self.process: subprocess.Popen | None = None
-        self._relay = _Relay(self.port, self.moto_port)
+        self._relay = _RelayProcess(self.port, self.moto_port)
 
     # -- addresses -------------------------------------------------------------------------
     @property

@@ -241,13 +241,13 @@ def test_a_where_that_reads_files_is_refused_everywhere(lake_and_buffer):
 
 
 WRITES_TO_THE_LAKE = [
-    "COPY (SELECT 'x') TO '{lake}/_lakebuffer.json' (FORMAT csv, HEADER false)",
+    "COPY (SELECT 'x') TO '{lake}/_delta_log/00000000000000000000.json' (FORMAT csv, HEADER false)",
     "COPY rollouts TO '{lake}/copy.parquet'",
     "EXPORT DATABASE '{lake}/export'",
     "ATTACH '{lake}/x.duckdb' AS x",
     "ATTACH ':memory:' AS x",
     "SELECT * FROM read_csv('/etc/passwd')",
-    "SELECT * FROM read_text('{lake}/_lakebuffer.json')",
+    "SELECT * FROM read_text('{lake}/_delta_log/00000000000000000000.json')",
     "SELECT * FROM glob('{lake}/*')",
     "SELECT * FROM read_parquet('{lake}/**/*.parquet')",
     "INSTALL httpfs",
@@ -264,7 +264,7 @@ WRITES_TO_THE_LAKE = [
 
 def test_a_lake_view_cannot_write_or_read_beyond_its_lake(lake_and_buffer):
     buf, lake = lake_and_buffer
-    settings = (lake / "_lakebuffer.json").read_bytes()
+    settings = (lake / "_delta_log/00000000000000000000.json").read_bytes()
     files = sorted(p.relative_to(lake) for p in lake.rglob("*"))
     view = lb.ReplayBuffer.open_lake(str(lake))
     expected = view.sql("SELECT key, reward FROM rollouts ORDER BY key")
@@ -275,7 +275,7 @@ def test_a_lake_view_cannot_write_or_read_beyond_its_lake(lake_and_buffer):
     assert view.sql("SELECT key, reward FROM rollouts ORDER BY key").equals(expected)
     assert view.count() == 64 and view.get(expected.column("key")[:3]).num_rows == 3
     view.close()
-    assert (lake / "_lakebuffer.json").read_bytes() == settings
+    assert (lake / "_delta_log/00000000000000000000.json").read_bytes() == settings
     assert sorted(p.relative_to(lake) for p in lake.rglob("*")) == files
     again = lb.ReplayBuffer.open_lake(str(lake))  # every reader of the lake still reads it
     assert again.count() == 64
@@ -301,14 +301,14 @@ BUFFER_CATALOG_WRITES = [
 
 def test_buffer_sql_cannot_change_the_catalog_or_touch_files(lake_and_buffer, tmp_path):
     buf, lake = lake_and_buffer
-    settings = (lake / "_lakebuffer.json").read_bytes()
+    settings = (lake / "_delta_log/00000000000000000000.json").read_bytes()
     expected = buf.sql("SELECT key, reward, sample_count FROM rollouts ORDER BY key")
     for stmt in BUFFER_CATALOG_WRITES + WRITES_TO_THE_LAKE:
         with pytest.raises((lb.QueryError, lb.ReadOnlyError)):
             buf.sql(stmt.format(lake=lake))
             pytest.fail(f"buf.sql ran {stmt!r}")
     assert buf.sql("SELECT key, reward, sample_count FROM rollouts ORDER BY key").equals(expected)
-    assert (lake / "_lakebuffer.json").read_bytes() == settings
+    assert (lake / "_delta_log/00000000000000000000.json").read_bytes() == settings
     assert not (lake / "copy.parquet").exists()
     # the buffer still works on every path afterwards
     assert len(buf) == 64 and buf.count("reward >= 0") == 64

@@ -15,11 +15,12 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 import pytest
 import s3fs
 from fsspec.implementations.local import LocalFileSystem
 
-from lakebuffer.errors import CorruptionError, LakeError, ReadOnlyError
+from lakebuffer.errors import CorruptionError, LakeError, LockedError, ReadOnlyError
 from lakebuffer.lake import Lake
 from lakebuffer.schema import ROLLOUT_SCHEMA
 from tests.test_predicate import PARTITION_HINT_CASES, UNHINTED_WHERES
@@ -179,8 +180,8 @@ def test_commit_and_read_back_equals_input(where):
 
 
 def test_scan_batches_columns_and_streaming(where):
-    # small blocks: many ranged reads per file, footer first, a read-ahead window smaller than a file
-    lake = where.lake(row_group_rows=64, block_bytes=4096, read_ahead_bytes=16384, ranged_reads=True)
+    # ranged reads: row groups decoded as they arrive, pages verified by their Parquet checksums
+    lake = where.lake(row_group_rows=64, read_ahead_bytes=16384, ranged_reads=True)
     t = rollouts(500, versions=(3,))
     lake.commit_snapshot("run-a", t.to_batches(max_chunksize=16))
     batches = list(lake.scan_batches("run-a", columns=["key", "run_id", "reward", "policy_bucket"]))
@@ -191,13 +192,8 @@ def test_scan_batches_columns_and_streaming(where):
     exp = t.select(["key", "reward"]).sort_by("key")
     assert got.select(["key", "reward"]).sort_by("key").equals(exp)
     assert list(lake.scan_batches("no-such-run")) == []
-    entry = lake.latest_manifest("run-a")["files"][0]
-    assert entry["bytes"] > 4 * 4096 and len(entry["blocks"]["crc32"]) == -(-entry["bytes"] // 4096)
-    # whole-file reads (the default), and a file without block checksums (written by another tool)
+    # whole-file reads (the default): a read-ahead window smaller than a file
     lake.ranged_reads = False
-    same(restored(lake, "run-a"), t)
-    lake.ranged_reads = True
-    del entry["blocks"]
     same(restored(lake, "run-a"), t)
 
 
@@ -222,16 +218,21 @@ def test_snapshots_accumulate_and_time_travel(where):
     assert m4["snapshot_id"] == 4 and m4["meta"] == {"watermark": 7} and m4["files"] == m3["files"]
 
 
-def test_tombstones_hide_keys_from_earlier_files(where):
+def test_deletes_rewrite_the_files_that_held_the_keys(where):
     lake = where.lake()
     t1 = rollouts(100, seed=1)
-    lake.commit_snapshot("run-a", [t1])
+    first = lake.commit_snapshot("run-a", [t1])
     gone = t1.column("key").to_pylist()[:10]
     t2 = rollouts(50, seed=2)
     m = lake.commit_snapshot("run-a", [t2], deleted_keys=gone)
-    assert len(m["delete_files"]) == 1 and m["delete_files"][0]["rows"] == 10
-    assert sorted(lake.deleted_keys("run-a").to_pylist()) == sorted(gone)
+    # copy-on-write in the same commit: the files that held the keys are replaced
+    assert m["summary"]["deleted_rows"] == 10 and m["summary"]["removed_files"] == 3  # one per bucket
+    assert len(lake.deleted_keys("run-a")) == 0 and m["version"] == first["version"] + 1
     live = pa.concat_tables([without(t1, gone), t2])
+    # any reader of the listed files sees exactly the live rows (no tombstones to apply)
+    paths = [lake.store.abs(f["path"]) for f in lake.latest_manifest("run-a")["files"]]
+    plain = pq.read_table(paths, filesystem=lake.store.pafs)
+    assert sorted(plain.column("key").to_pylist()) == sorted(live.column("key").to_pylist())
     same(lake.dataset().to_table(), live)
     same(restored(lake, "run-a"), live)
     con = duckdb.connect()
@@ -242,14 +243,14 @@ def test_tombstones_hide_keys_from_earlier_files(where):
     # a deletes-only snapshot
     more = t2.column("key").to_pylist()[:5]
     m = lake.commit_snapshot("run-a", [], deleted_keys=pa.array(more))
-    assert m["snapshot_id"] == 3 and m["summary"]["rows"] == 150
+    assert m["snapshot_id"] == 3 and m["summary"]["deleted_rows"] == 5 and lake.stats()["rows"] == 135
     live = without(live, more)
     same(lake.dataset().to_table(), live)
 
     # a deleted key pushed again in a later snapshot is visible once, as the new row
     again = t1.slice(0, 1).set_column(COLS.index("reward"), ROLLOUT_SCHEMA.field("reward"), pa.array([42.0], pa.float32()))
     m = lake.commit_snapshot("run-a", [again])
-    assert m["resurrected_keys"] == 1 and gone[0] not in lake.deleted_keys("run-a").to_pylist()
+    assert m["summary"]["added_rows"] == 1
     live = pa.concat_tables([live, again])
     got = lake.dataset().to_table()
     same(got, live)
@@ -302,22 +303,26 @@ def _committed_state(lake: Lake, run: str):
     return lake.snapshots(run), canon(lake.dataset(run).to_table())
 
 
+def _parquet_on_s3(fs, bucket_url: str) -> set[str]:
+    return {p for p in fs.find(f"{bucket_url[5:]}/lake") if p.endswith(".parquet")}
+
+
 def test_s3_outage_mid_snapshot_leaves_committed_state_and_retry_succeeds(s3_server, s3_bucket):
     fs = quick_failing_s3(s3_server)
-    lake = Lake(f"{s3_bucket}/lake", filesystem=fs, row_group_rows=50, upload_chunk_bytes=2**20, upload_part_bytes=5 * 2**20)
+    lake = Lake(f"{s3_bucket}/lake", s3_server.storage_options, filesystem=fs, row_group_rows=50, target_file_bytes=256 * 1024)
     t1 = rollouts(200, seed=1)
     lake.commit_snapshot("run-a", [t1])
     before = _committed_state(lake, "run-a")
-    t2 = rollouts(600, seed=2, versions=(0,), tokens=2000)  # ~14 MB in one file: a multipart upload
-    bucket = s3_bucket[len("s3://") :]
+    stored = _parquet_on_s3(fs, s3_bucket)
+    t2 = rollouts(600, seed=2, versions=(0,), tokens=2000)  # ~14 MB: several files
 
     def batches_then_outage():
         yield t2.slice(0, 400)
-        deadline = time.monotonic() + 10  # wait until a part of the snapshot is really on S3
-        while not s3_server.client().list_multipart_uploads(Bucket=bucket).get("Uploads"):
-            assert time.monotonic() < deadline, "no multipart upload started"
+        deadline = time.monotonic() + 10  # wait until a file of the snapshot is really on S3
+        while not _parquet_on_s3(fs, s3_bucket) - stored:
+            assert time.monotonic() < deadline, "no data file uploaded"
             time.sleep(0.02)
-        s3_server.stop()  # S3 goes away mid-upload
+        s3_server.stop()  # S3 goes away mid-snapshot
         yield t2.slice(400)
 
     try:
@@ -330,11 +335,13 @@ def test_s3_outage_mid_snapshot_leaves_committed_state_and_retry_succeeds(s3_ser
     # the previously committed state is readable and unchanged, also for a fresh reader
     assert _committed_state(lake, "run-a") == before
     assert _committed_state(Lake(f"{s3_bucket}/lake", s3_server.storage_options, read_only=True), "run-a") == before
-    # the interrupted multipart upload (its abort failed too: S3 was down) is left for gc
-    assert s3_server.client().list_multipart_uploads(Bucket=bucket).get("Uploads")
+    # the uploaded files of the failed snapshot (their removal failed too: S3 was down) are in no
+    # commit: invisible to every Delta reader, and vacuumed by gc once older than its grace period
+    orphans = _parquet_on_s3(fs, s3_bucket) - stored
+    assert orphans
     assert lake.gc(older_than_s=3600) == 0
-    assert lake.gc(older_than_s=0) >= 1
-    assert not s3_server.client().list_multipart_uploads(Bucket=bucket).get("Uploads")
+    assert lake.gc(older_than_s=0) == len(orphans)
+    assert _parquet_on_s3(fs, s3_bucket) == stored
     assert _committed_state(lake, "run-a") == before
     # the retry succeeds and contains both snapshots
     m = lake.commit_snapshot("run-a", [t2])
@@ -344,32 +351,45 @@ def test_s3_outage_mid_snapshot_leaves_committed_state_and_retry_succeeds(s3_ser
     lake.verify()
 
 
-def test_s3_outage_at_manifest_commit_leaves_only_invisible_orphans(s3_server, s3_bucket, monkeypatch):
+def test_gc_aborts_stale_multipart_uploads_of_data_files(s3_server, s3_bucket):
+    lake = Lake(f"{s3_bucket}/lake", s3_server.storage_options)
+    lake.commit_snapshot("run-a", [rollouts(20, seed=1)])
+    bucket, s3 = s3_bucket[5:], s3_server.client()
+    stale = int(time.time()) - 7200
+    ours = f"lake/run_id=run-a/policy_bucket=0/part-00000002-0000-{stale}-0a1b2c3d.parquet"
+    s3.create_multipart_upload(Bucket=bucket, Key=ours)  # a crashed writer's upload
+    s3.create_multipart_upload(Bucket=bucket, Key="lake/not-ours.bin")
+    assert lake.gc(older_than_s=3 * 3600) == 0
+    assert lake.gc(older_than_s=3600) == 1
+    assert [u["Key"] for u in s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])] == ["lake/not-ours.bin"]
+
+
+def test_s3_outage_at_the_delta_commit_leaves_only_invisible_orphans(s3_server, s3_bucket, monkeypatch):
     fs = quick_failing_s3(s3_server)
-    lake = Lake(f"{s3_bucket}/lake", filesystem=fs)
+    lake = Lake(f"{s3_bucket}/lake", s3_server.storage_options, filesystem=fs)
     t1 = rollouts(100, seed=1)
     lake.commit_snapshot("run-a", [t1])
     before = _committed_state(lake, "run-a")
-    put = lake.store.put_exclusive
+    commit = lake.delta.commit
 
-    def outage_then_put(rel, data):
-        s3_server.stop()  # data and delete files are uploaded, the manifest write fails
-        return put(rel, data)
+    def outage_then_commit(*a, **kw):
+        s3_server.stop()  # data files (new and rewritten) are uploaded, the Delta commit fails
+        return commit(*a, **kw)
 
-    monkeypatch.setattr(lake.store, "put_exclusive", outage_then_put)
+    monkeypatch.setattr(lake.delta, "commit", outage_then_commit)
     try:
-        with pytest.raises(LakeError, match="snapshot 2 of run 'run-a'.*either fully visible or not at all"):
+        with pytest.raises(LakeError, match="committing to the Delta table"):
             lake.commit_snapshot("run-a", [rollouts(100, seed=2)], deleted_keys=["run-a-1-00000"])
     finally:
         s3_server.start()
     monkeypatch.undo()
-    assert _committed_state(lake, "run-a") == before and len(lake.deleted_keys()) == 0
-    on_s3 = {p for p in fs.find(f"{s3_bucket[5:]}/lake") if p.endswith((".parquet", ".arrow"))}
+    assert _committed_state(lake, "run-a") == before
+    on_s3 = _parquet_on_s3(fs, s3_bucket)
     committed = {lake.store.abs(f["path"]) for f in lake.latest_manifest("run-a")["files"]}
-    assert len(on_s3 - committed) == 3 + 1  # uploaded, uncommitted, invisible
+    assert len(on_s3 - committed) == 3 + 1  # appended + rewritten: uploaded, uncommitted, invisible
     assert lake.gc(older_than_s=3600) == 0
     assert lake.gc(older_than_s=0) == 4
-    assert {p for p in fs.find(f"{s3_bucket[5:]}/lake") if p.endswith((".parquet", ".arrow"))} == committed
+    assert _parquet_on_s3(fs, s3_bucket) == committed
     assert _committed_state(lake, "run-a") == before
 
 
@@ -400,7 +420,7 @@ class FailingLocal(LocalFileSystem):
 def test_failed_upload_local_leaves_no_visible_files_and_gc_cleans(tmp_path):
     fs = FailingLocal()
     url = str(tmp_path / "lake")
-    lake = Lake(url, filesystem=fs, row_group_rows=20, upload_chunk_bytes=1024)
+    lake = Lake(url, filesystem=fs, row_group_rows=20, target_file_bytes=4096)
     t1 = rollouts(100, seed=1)
     lake.commit_snapshot("run-a", [t1])
     before = _committed_state(lake, "run-a")
@@ -418,7 +438,7 @@ def test_failed_upload_local_leaves_no_visible_files_and_gc_cleans(tmp_path):
     with pytest.raises(RuntimeError, match="producer died"):
         lake.commit_snapshot("run-a", bad())
     assert _committed_state(lake, "run-a") == before
-    # an orphan left by a crash (simulated: a file that no manifest lists) is invisible and collected
+    # an orphan left by a crash (simulated: a file that no commit lists) is invisible and vacuumed
     orphan = tmp_path / "lake" / "run_id=run-a" / "policy_bucket=0" / "part-00000002-0000-deadbeef.parquet"
     orphan.write_bytes(file_bytes(lake, lake.latest_manifest("run-a")["files"][0]["path"]))
     assert _committed_state(lake, "run-a") == before
@@ -430,20 +450,28 @@ def test_failed_upload_local_leaves_no_visible_files_and_gc_cleans(tmp_path):
     same(lake.dataset().to_table(), pa.concat_tables([t1, rollouts(40, seed=4)]))
 
 
-def test_concurrent_commits_rebase_instead_of_overwriting(where):
+def test_concurrent_commits_of_two_runs_both_land_and_one_run_has_one_writer(where):
     a, b = where.lake(), where.lake()
-    t1, t2, t3 = rollouts(50, seed=1), rollouts(60, seed=2), rollouts(70, seed=3)
+    t1, t2, t3 = rollouts(50, seed=1), rollouts(60, seed=2), rollouts(70, run="run-b", seed=3)
     a.commit_snapshot("run-a", [t1])
 
     def slow():
         yield t2
-        # another writer commits snapshot 2 while this one is still uploading
-        assert b.commit_snapshot("run-a", [t3])["snapshot_id"] == 2
+        # another writer commits a snapshot of another run while this one is still uploading
+        assert b.commit_snapshot("run-b", [t3])["snapshot_id"] == 1
 
-    m = a.commit_snapshot("run-a", slow())
-    assert m["snapshot_id"] == 3 and m["parent_id"] == 2
-    same(a.dataset().to_table(), pa.concat_tables([t1, t2, t3]))
-    assert len({f["path"] for f in m["files"]}) == len(m["files"]) == 3 * 3
+    m = a.commit_snapshot("run-a", slow())  # delta-rs rebases the append on the other commit
+    assert m["snapshot_id"] == 2 and m["parent_id"] == 1 and m["version"] == 2
+    same(a.dataset("run-a").to_table(), pa.concat_tables([t1, t2]))
+    same(a.dataset("run-b").to_table(), t3)
+
+    def racing():
+        yield rollouts(10, seed=4)
+        b.commit_snapshot("run-a", [rollouts(10, seed=5)])  # a second writer of run-a takes snapshot 3
+
+    with pytest.raises(LockedError, match="another writer"):
+        a.commit_snapshot("run-a", racing())
+    assert a.snapshots("run-a") == [1, 2, 3] and a.dataset("run-a").count_rows() == 50 + 60 + 10
 
 
 def test_read_only_and_missing_bucket(s3_server, tmp_path):
@@ -490,15 +518,22 @@ def test_compaction_keeps_content_and_pinned_readers(where):
     expected = without(pa.concat_tables(tables), gone)
     old_manifest = lake.latest_manifest("run-a")
     old_dataset = lake.dataset("run-a")
-    assert len(old_manifest["files"]) == 10 and len(old_manifest["delete_files"]) == 4
+    assert len(old_manifest["files"]) == 10 and old_manifest["delete_files"] == []  # deletes rewrote files
+    version = lake.stats()["version"]
 
     calls = []
     stats = lake.compact(target_file_bytes=64 * 2**20, progress=lambda d, t: calls.append((d, t)))
     assert stats["files_before"] == 10 and stats["files_after"] == 2  # one file per policy bucket
-    assert stats["rows_before"] == 600 and stats["rows_after"] == 596 and stats["delete_files_applied"] == 4
+    assert stats["rows_before"] == 596 and stats["rows_after"] == 596 and stats["delete_files_applied"] == 0
     assert calls[-1][0] == calls[-1][1] > 0 and all(d <= t for d, t in calls)
     new = lake.latest_manifest("run-a")
-    assert new["operation"] == "compact" and new["delete_files"] == [] and new["snapshot_id"] == old_manifest["snapshot_id"] + 1
+    # one Delta version with dataChange=false actions, no new snapshot of the run
+    assert lake.stats()["version"] == version + 1 and new["snapshot_id"] == old_manifest["snapshot_id"]
+    assert json.loads(lake.table().history(1)[0]["lakebuffer"])["operation"] == "compact"
+    log = (lake.fs.cat_file(lake.store.abs(f"_delta_log/{version + 1:020d}.json")).decode().splitlines())
+    actions = [json.loads(line) for line in log]
+    assert {a["add"]["dataChange"] for a in actions if "add" in a} == {False}
+    assert {a["remove"]["dataChange"] for a in actions if "remove" in a} == {False}
     assert not {f["path"] for f in new["files"]} & {f["path"] for f in old_manifest["files"]}
     assert lake.deleted_keys("run-a").to_pylist() == []
     same(lake.dataset().to_table(), expected)
@@ -511,8 +546,8 @@ def test_compaction_keeps_content_and_pinned_readers(where):
     assert lake.gc(older_than_s=3600) == 0
     same(old_dataset.to_table(), expected)
     removed = lake.gc(older_than_s=0)
-    assert removed == 10 + 4 + old_manifest["snapshot_id"]  # data files, delete files, old manifests
-    assert lake.snapshots("run-a") == [new["snapshot_id"]]
+    assert removed == 10 + 4  # the compacted files, and the files the 4 deletes replaced
+    assert lake.snapshots("run-a") == [1, 2, 3, 4, 5]  # the log keeps every snapshot
     same(lake.dataset().to_table(), expected)
     with pytest.raises(Exception):  # noqa: B017 - its files are gone now
         old_dataset.to_table()
@@ -528,23 +563,44 @@ def test_compaction_target_size_and_concurrent_snapshot(where):
         lake.commit_snapshot("run-a", [t])
     size = sum(f["bytes"] for f in lake.latest_manifest("run-a")["files"])
     late = rollouts(30, seed=9, versions=(7, 8))
-    late_gone = [tables[1].column("key")[0].as_py()]
     committed = []
 
     def progress(done, total):
-        if done and not committed:  # a snapshot lands while compaction is running
-            committed.append(lake.commit_snapshot("run-a", [late], deleted_keys=late_gone))
+        if done and not committed:  # a snapshot (append only) lands while compaction is running
+            committed.append(lake.commit_snapshot("run-a", [late]))
 
     stats = lake.compact(target_file_bytes=size // 2, progress=progress)
     assert committed and stats["files_rewritten"] == 4
     assert 2 <= stats["files_written"] <= 3
     m = lake.latest_manifest("run-a")
-    assert m["parent_id"] == committed[0]["snapshot_id"]
-    # the concurrent snapshot's files and tombstones survive the compaction commit
+    assert m["snapshot_id"] == committed[0]["snapshot_id"]
+    # the concurrent snapshot's files survive the compaction commit (delta-rs rebased it)
     late_files = {f["path"] for f in committed[0]["files"] if f["snapshot_id"] == committed[0]["snapshot_id"]}
     assert len(late_files) == 2 and late_files <= {f["path"] for f in m["files"]}
-    assert [d["path"] for d in m["delete_files"]] == [d["path"] for d in committed[0]["delete_files"]]
-    expected = without(pa.concat_tables([*tables, late]), late_gone)
+    expected = pa.concat_tables([*tables, late])
+    same(lake.dataset().to_table(), expected)
+    same(restored(lake, "run-a"), expected)
+
+
+def test_compaction_racing_a_delete_of_its_files_commits_nothing(tmp_path):
+    lake = Lake(str(tmp_path / "lake"), row_group_rows=100)
+    tables = [rollouts(100, seed=s, versions=(7,)) for s in range(3)]
+    for t in tables:
+        lake.commit_snapshot("run-a", [t])
+    gone = [tables[1].column("key")[0].as_py()]
+    raced = []
+
+    def progress(done, total):
+        if done and not raced:  # a delete rewrites a file the compaction is rewriting too
+            raced.append(lake.commit_snapshot("run-a", [], deleted_keys=gone))
+
+    before = lake.stats()["version"]
+    with pytest.raises(LakeError, match="conflicts with a concurrent commit"):
+        lake.compact(target_file_bytes=64 * 2**20, progress=progress)
+    assert lake.stats()["version"] == before + 1  # the delete only
+    expected = without(pa.concat_tables(tables), gone)
+    same(lake.dataset().to_table(), expected)
+    assert lake.compact(target_file_bytes=64 * 2**20)["files_rewritten"] == 3  # run again: it lands
     same(lake.dataset().to_table(), expected)
     same(restored(lake, "run-a"), expected)
 
@@ -584,7 +640,7 @@ def test_partition_pruning_opens_only_matching_files(where):
     assert res == [(30,)] and opened == _files_of(lake, lambda r, f: f["policy_bucket"] == 9)
     res, opened = opened_by("SELECT count(*) FROM cold WHERE run_id = 'run-a' AND policy_version BETWEEN 1 AND 2")
     assert res == [(40,)] and opened == _files_of(lake, lambda r, f: r == "run-a" and f["policy_bucket"] in (1, 2))
-    # tombstones still apply inside pruned scans
+    # the deleted key is gone inside pruned scans too
     res, _ = opened_by("SELECT count(*) FROM cold WHERE key = 'run-a-0-00000'")
     assert res == [(0,)]
     # pyarrow directly
@@ -636,41 +692,43 @@ def test_prune_hint_leaves_other_predicates_alone(tmp_path, where):
 
 
 def test_lake_opens_without_lakebuffer(tmp_path):
+    import deltalake
+
     lake = Lake(str(tmp_path / "lake"))
     tables = [rollouts(90, run=r, seed=i, versions=(i, 4)) for i, r in enumerate(["run-a", "run-b", "run-c"])]
     for t in tables:
         lake.commit_snapshot(t.column("run_id")[0].as_py(), [t.slice(0, 50)])
         lake.commit_snapshot(t.column("run_id")[0].as_py(), [t.slice(50)])
-    expected = pa.concat_tables(tables)
+    lake.commit_snapshot("run-b", [], deleted_keys=["run-b-1-00003"])
+    expected = without(pa.concat_tables(tables), ["run-b-1-00003"])
     root = lake.url
-    # pyarrow.dataset on the directory (it skips the _manifests / _deletes folders)
-    part = ds.partitioning(pa.schema([("run_id", pa.string()), ("policy_bucket", pa.int64())]), flavor="hive")
-    same(ds.dataset(root, format="parquet", partitioning=part).to_table(), expected)
-    # polars, on a glob and on the committed file list
-    same(pl.scan_parquet(f"{root}/**/*.parquet", hive_partitioning=True).collect().to_arrow(), expected)
-    got = pl.scan_parquet(lake.files(), hive_partitioning=True).filter(pl.col("policy_version") == 4).collect()
-    assert got.height == 45 * 3 and got["run_id"].unique().sort().to_list() == ["run-a", "run-b", "run-c"]
-    # DuckDB read_parquet with hive partitioning
+    # deltalake, polars.scan_delta, DuckDB over the table's pyarrow dataset: exactly the live rows
+    dt = deltalake.DeltaTable(root)
+    same(dt.to_pyarrow_table(), expected)
+    same(pl.scan_delta(root).collect().to_arrow(), expected)
     con = duckdb.connect()
-    rel = con.sql(f"SELECT * FROM read_parquet('{root}/*/*/*.parquet', hive_partitioning = true)")
-    same(rel.to_arrow_table(), expected)
-    assert con.sql(
-        f"SELECT count(*) FROM read_parquet('{root}/*/*/*.parquet', hive_partitioning = true) WHERE run_id = 'run-b' AND policy_bucket = 4"
-    ).fetchall()[0][0] == 45
-    # the manifest is plain JSON with what it promises
-    mpath = tmp_path / "lake" / "_manifests" / "run_id=run-a" / f"{2:020d}.json"
-    doc = json.loads(mpath.read_text())
-    assert doc["snapshot_id"] == 2 and doc["parent_id"] == 1 and len(doc["files"]) == 4
-    assert {"path", "rows", "bytes", "sha256"} <= set(doc["files"][0])
+    con.register("t", dt.to_pyarrow_dataset())
+    same(con.sql("SELECT * FROM t").to_arrow_table(), expected)
+    assert con.sql("SELECT count(*) FROM t WHERE run_id = 'run-b' AND policy_bucket = 4").fetchall()[0][0] == 44  # one deleted
+    # the files the table lists, read as plain Parquet
+    assert sorted(dt.file_uris()) == sorted(lake.files())
+    assert pq.read_table(dt.file_uris()).num_rows == expected.num_rows
+    # each snapshot is a version (time travel)
+    m = lake.manifest("run-a", 1)
+    old = deltalake.DeltaTable(root, version=m["version"]).to_pyarrow_table()
+    assert old.filter(pc.equal(old.column("run_id"), "run-a")).num_rows == 50
+    # the commit carries lakebuffer's document (snapshot id, meta) in commitInfo
+    doc = json.loads(dt.history()[-1 - m["version"]]["lakebuffer"])
+    assert doc["run_id"] == "run-a" and doc["snapshot_id"] == 1
+    assert dt.transaction_version("lakebuffer:run-b") == 3
 
 
 def test_s3_lake_opens_without_lakebuffer(s3_server, s3_bucket):
+    import deltalake
+
     lake = Lake(f"{s3_bucket}/lake", s3_server.storage_options)
     t = rollouts(150, versions=(1, 2))
     lake.commit_snapshot("run-a", [t])
-    fs = s3fs.S3FileSystem(**s3_server.storage_options)
-    part = ds.partitioning(pa.schema([("run_id", pa.string()), ("policy_bucket", pa.int64())]), flavor="hive")
-    same(ds.dataset(f"{s3_bucket[5:]}/lake", filesystem=fs, format="parquet", partitioning=part).to_table(), t)
     opts = {
         "aws_access_key_id": "testing",
         "aws_secret_access_key": "testing",
@@ -678,15 +736,16 @@ def test_s3_lake_opens_without_lakebuffer(s3_server, s3_bucket):
         "aws_endpoint_url": s3_server.endpoint_url,
         "aws_allow_http": "true",
     }
-    got = pl.scan_parquet(f"{s3_bucket}/lake/**/*.parquet", hive_partitioning=True, storage_options=opts).collect()
-    same(got.to_arrow(), t)
+    same(deltalake.DeltaTable(lake.url, storage_options=opts).to_pyarrow_table(), t)
+    same(pl.scan_delta(lake.url, storage_options=opts).collect().to_arrow(), t)
+    same(deltalake.DeltaTable(lake.url, storage_options=lake.delta_storage_options).to_pyarrow_table(), t)
 
 
 def test_checksum_mismatch_raises_corruption_naming_the_file(where):
     lake = where.lake()
     lake.commit_snapshot("run-a", [rollouts(100, versions=(0, 1))])
     lake.commit_snapshot("run-a", [rollouts(10, seed=3)], deleted_keys=["run-a-0-00001"])
-    assert lake.verify()["files"] == 2 + 3 + 1  # data files of both snapshots and the delete file
+    assert lake.verify()["files"] == 2 + 3  # the delete rewrote one file of the first snapshot
     m = lake.latest_manifest("run-a")
     victim = m["files"][0]
     data = bytearray(file_bytes(lake, victim["path"]))
@@ -697,32 +756,30 @@ def test_checksum_mismatch_raises_corruption_naming_the_file(where):
         lake.verify()
     with pytest.raises(CorruptionError, match=name):
         list(lake.scan_batches("run-a"))
-    with pytest.raises(CorruptionError, match=f"{name}.*crc32"):  # block-wise reads check crc32 per block
+    with pytest.raises(CorruptionError, match=name):  # ranged reads: the Parquet page checksums
         list(where.lake(ranged_reads=True).scan_batches("run-a"))
     with pytest.raises(CorruptionError, match=name):
         lake.compact(target_file_bytes=2**20)
     assert lake.latest_manifest("run-a") == m  # the failed compaction committed nothing
+    with pytest.raises(CorruptionError, match=name):  # a delete that must rewrite it
+        lake.commit_snapshot("run-a", [], deleted_keys=[f"run-a-{k}" for k in ("0-00000", "0-00001", "0-00002", "0-00003", "3-00000")])
+    assert lake.latest_manifest("run-a") == m
     # a missing file is named too
     lake.fs.rm_file(lake.store.abs(victim["path"]))
     with pytest.raises(CorruptionError, match="missing"):
         lake.verify()
-    # a corrupt delete file is caught when tombstones are loaded
-    d = m["delete_files"][0]
-    lake.fs.pipe_file(lake.store.abs(d["path"]), b"garbage")
-    with pytest.raises(CorruptionError, match=d["path"].rsplit("/", 1)[1]):
-        where.lake().deleted_keys("run-a")
 
 
 def test_commit_whose_reply_was_lost_is_recognised(tmp_path, monkeypatch):
     lake = Lake(str(tmp_path / "lake"))
     t = rollouts(20)
-    put = lake.store.put_exclusive
+    commit = lake.delta.commit
 
-    def put_then_fail(rel, data):
-        put(rel, data)  # the manifest lands, but the caller hears an error (a lost reply)
-        raise OSError("connection reset after the write")
+    def commit_then_fail(*a, **kw):
+        commit(*a, **kw)  # the Delta commit lands, but the caller hears an error (a lost reply)
+        raise LakeError("connection reset after the write")
 
-    monkeypatch.setattr(lake.store, "put_exclusive", put_then_fail)
+    monkeypatch.setattr(lake.delta, "commit", commit_then_fail)
     m = lake.commit_snapshot("run-a", [t])
     assert m["snapshot_id"] == 1 and lake.snapshots("run-a") == [1]
     same(lake.dataset().to_table(), t)

@@ -29,19 +29,19 @@ def _truncate(path: Path) -> None:
     path.write_bytes(data[: len(data) // 2])
 
 
-@pytest.mark.parametrize("damage", ["manifest", "settings"])
+@pytest.mark.parametrize("damage", ["newest-commit", "first-commit"])
 def test_damaged_lake_leaves_local_tiers_open_and_reported(tmp_path, damage):
     lake_dir = tmp_path / "lake"
     buf = lb.ReplayBuffer.open(tmp_path / "a", lake=f"file://{lake_dir}", snapshot_interval_s=0,
                                memory_limit_mb=2, run_id="dmg")
-    first = _fill(buf)
+    first = _fill(buf, batches=2)
+    buf.snapshot(wait=True)
+    first += _fill(buf, batches=2, seed=20)
     buf.snapshot(wait=True)
     second = _fill(buf, seed=50)  # local only
     buf.close()
-    if damage == "manifest":
-        target = sorted(lake_dir.rglob("_manifests/**/*.json"))[-1]
-    else:
-        target = lake_dir / "_lakebuffer.json"
+    commits = sorted((lake_dir / "_delta_log").glob("*.json"))
+    target = commits[-1] if damage == "newest-commit" else commits[0]  # the first holds schema and settings
     assert target.is_file()
     saved = target.read_bytes()
     _truncate(target)

@@ -104,3 +104,37 @@ def test_crashed_writer_is_taken_over_explicitly_and_then_fenced(tmp_path):
     # reopening the writer's own directory needs no takeover
     with lb.ReplayBuffer.open(tmp_path / "fresh", lake=lake, run_id="r", **OPEN) as b:
         assert len(b) == 72
+
+
+def test_two_commits_racing_for_one_snapshot_id_cannot_both_land(tmp_path):
+    """The run's snapshot id is a Delta app transaction committed with the data: a writer that read the
+    run's state before another writer's commit loses the race in delta-rs' conflict checker (no window
+    between "check the writer" and "commit")."""
+    from lakebuffer.lake import Lake
+
+    url = str(tmp_path / "lake")
+    a, b = Lake(url), Lake(url)
+    a.commit_snapshot("r", [make_rollouts(10, seed=1).append_column("key", _keys("x", 10)).append_column("run_id", _run("r", 10))])
+    stale = b.delta.table()  # b reads the run's state: its next snapshot id is 2
+    a.commit_snapshot("r", [make_rollouts(10, seed=2).append_column("key", _keys("y", 10)).append_column("run_id", _run("r", 10))])
+    real = b.delta.table
+    first = iter([stale])
+    b.delta.table = lambda version=None: (next(first, None) if version is None else None) or real(version)
+    with pytest.raises(lb.LockedError, match="another writer"):
+        b.commit_snapshot("r", [make_rollouts(10, seed=3).append_column("key", _keys("z", 10)).append_column("run_id", _run("r", 10))])
+    c = Lake(url)
+    assert c.snapshots("r") == [1, 2]
+    assert c.dataset("r").count_rows() == 20
+    assert sorted(p.split("/")[-1][:13] for p in c.files("r")) == sorted(p.split("/")[-1][:13] for p in a.files("r"))
+
+
+def _keys(prefix: str, n: int):
+    import pyarrow as pa
+
+    return pa.array([f"{prefix}-{i}" for i in range(n)], pa.string())
+
+
+def _run(run: str, n: int):
+    import pyarrow as pa
+
+    return pa.array([run] * n, pa.string())

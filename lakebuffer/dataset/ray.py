@@ -61,7 +61,7 @@ def to_ray(source: Any, where: str | pc.Expression | None = None, columns: Seque
     ``filter=`` (a pyarrow expression) to ``read_parquet``.
     ``where`` is SQL: simple predicates are translated (see :func:`sql_to_expression`); anything
     else, or a pyarrow expression, is applied exactly after the read in a ``map_batches`` (DuckDB
-    or pyarrow; correct, not pushed down). The lake's tombstones are applied the same way. A live
+    or pyarrow; correct, not pushed down); so is a filter the dataset carries. A live
     ``ReplayBuffer`` has no files: its ``scan`` snapshot is copied into Ray's object store
     (``ray.data.from_arrow``); for large data read its lake (``to_ray(buffer.lake)``).
     Other keyword arguments go to ``ray.data.read_parquet``.

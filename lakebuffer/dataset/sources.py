@@ -104,8 +104,8 @@ class ArrowDatasetSource:
     """A ``pyarrow.dataset.Dataset`` (the lake's committed Parquet files): one unit per file or row group.
 
     ``unit="file"`` (default) needs no I/O to plan; ``unit="row_group"`` reads every footer to plan
-    finer, better balanced units. A filter the dataset carries (``Dataset.filter``, e.g. the lake's
-    tombstones) is applied to every read.
+    finer, better balanced units. A filter the dataset carries (``Dataset.filter``) is applied to
+    every read.
 
     ``pre_buffer`` is pyarrow's Parquet option: it fetches a whole file's column chunks ahead, which
     remote stores need for throughput but which holds about a file per read-ahead slot in memory;

@@ -1,7 +1,7 @@
 """Snapshots to the cold lake, reconciliation after a crash, and restore of a fresh directory.
 
-A snapshot uploads what is new since the last one (and the deletes' tombstones) as one lake
-commit. Its path: a timer thread (periodic) or ``snapshot()`` queues a p0 task, so ``flush``,
+A snapshot uploads what is new since the last one (and deletes the keys deleted since) as one
+Delta commit of the lake. Its path: a timer thread (periodic) or ``snapshot()`` queues a p0 task, so ``flush``,
 ``delete`` and ``close`` wait for it like for any background work; the task runs the encoding on
 the process's one snapshot thread at a lower CPU priority (``at_low_priority``). Each of the
 three stays for a reason: the queue gives ordering and error surfacing, the timer is the only
@@ -81,8 +81,7 @@ def open_lake(url: str, storage_options: dict | None) -> tuple[Lake | None, Corr
 def damaged_lake(url: str, e: CorruptionError) -> LakeError:
     return LakeError(
         f"the lake {url} is damaged ({e}); the rows stay in the local tiers and snapshots are retried: "
-        "restore the damaged file from a copy or remove it (a removed manifest leaves the snapshot before it "
-        "as the latest), then snapshot again")
+        "restore the damaged file from a copy of the lake, then snapshot again")
 
 
 class Snapshots:
@@ -334,10 +333,11 @@ class Snapshots:
         seen = int(last.decode()) if last else 0
         lake = self._lake()
         try:
-            newer = [sid for sid in lake.snapshots(s.run_id) if sid > seen]
-            metas = [(sid, lake.manifest(s.run_id, sid).get("meta", {})) for sid in newer]
-        except CorruptionError as e:  # a damaged manifest of the lake
+            docs = lake.snapshot_docs(s.run_id)
+        except CorruptionError as e:  # a damaged log of the lake
             raise damaged_lake(self.lake_url, e) from e
+        newer = sorted(sid for sid in docs if sid > seen)
+        metas = [(sid, docs[sid].get("meta", {})) for sid in newer]
         if not newer:
             return
         with s.lock:

@@ -1,61 +1,60 @@
-"""The cold tier: hive-partitioned Parquet on any fsspec URL, committed snapshot by snapshot.
+"""The cold tier: one Delta Lake table at the lake URL, hive-partitioned by ``run_id`` and policy bucket.
 
+``deltalake.DeltaTable(lake_url)`` opens it; so do ``polars.scan_delta``, DuckDB's ``delta_scan``,
+Spark, Trino and every other Delta reader, and all of them see exactly the committed, undeleted rows.
 Layout under the lake URL (``s3://bucket/prefix``, ``file:///abs/path`` or a plain path)::
 
-    _lakebuffer.json                                   lake settings (policy_bucket_size), written once
-    run_id=<r>/policy_bucket=<b>/part-<sid>-<n>-<tok>.parquet    data files (zstd; no run_id column)
-    _deletes/run_id=<r>/del-<sid>-<tok>.arrow           tombstones: one ``key`` column (Arrow IPC)
-    _manifests/run_id=<r>/<sid, 20 digits>.json         one manifest per committed snapshot
+    _delta_log/<version, 20 digits>.json               Delta commits (+ checkpoints), one per snapshot
+    run_id=<r>/policy_bucket=<b>/part-<sid>-<n>-<tok>-<sha256>.parquet   data files (no run_id column)
+    _writers/run_id=<r>.json                            the run's one writer (``claims``)
 
-``<r>`` is the run id percent-encoded (``urllib.parse.quote(run_id, safe="")``), ``<b>`` is
-``policy_version // policy_bucket_size`` (floor division), ``<sid>`` the snapshot id the file was
-written for (8 digits), ``<n>`` its number in that write and ``<tok>`` ``<unix seconds>-<random>``
-of the writer, so two writers never overwrite each other's files and ``gc`` can date them. Data
-files only hold rows; *which* files are live is decided by the manifests alone. A manifest holds
-``snapshot_id``, ``parent_id``, ``created_at``, ``operation`` (append / compact), the run's Arrow
-schema, every live data file (path, policy_bucket, rows, bytes, sha256 of the whole file, crc32 per
-8 MiB block for verified ranged reads, policy_version range), the live delete files, what this commit
-added and removed, a summary and the caller's ``meta``.
+Table columns are the rows' columns plus the partition columns ``run_id`` (string) and
+``policy_bucket`` (``policy_version // policy_bucket_size``, long). ``<r>`` is the run id
+percent-encoded for the directory (Delta keeps the exact value in each file's ``partitionValues``),
+``<sid>`` the run's snapshot id the file was written for, ``<tok>`` ``<unix seconds>-<random>`` and
+``<sha256>`` the checksum of the file's bytes. ``policy_bucket_size`` is stored in the table's
+description (JSON), fixed at the first commit.
 
-* **Commit protocol.** ``commit_snapshot`` streams data files, then a delete file, then writes the
-  manifest ``<sid>.json`` with an exclusive create (S3 ``If-None-Match: *``; ``os.link`` of a fsynced
-  temporary file locally). The manifest lists every live file of the run, so a snapshot is visible
-  completely or not at all: files of a failed or crashed upload are in no
-  manifest, readers never see them, and ``gc`` removes them later. Two writers racing for the same
-  ``sid`` cannot both win; the loser rebases on the new latest manifest and retries.
-* **Tombstones.** The live rows of a run are the rows of its live files whose ``key`` is not in the
-  run's tombstone set (the union of its live delete files). ``commit_snapshot(deleted_keys=...)`` hides
-  keys from all *earlier* files: when a snapshot brings rows whose key is tombstoned (a key deleted and
-  pushed again), the older files holding that key are rewritten without it in the same commit and the
-  key leaves the tombstone set, so the one simple rule above stays exact.
-* **Compaction** writes new files, commits a manifest that lists them instead of the replaced files and
-  delete files, and never deletes anything itself: the replaced files stay readable by readers pinned to
-  the older manifest until ``gc(older_than_s)`` removes files that no manifest younger than the grace
-  period references.
-* **External readers** (pyarrow.dataset, polars.scan_parquet, DuckDB read_parquet with hive
-  partitioning) can open the lake directory without lakebuffer. A directory scan sees every Parquet
-  file, including files of failed uploads and files replaced by compaction that ``gc`` has not removed
-  yet, and it does not apply tombstones; pass ``Lake.files()`` (the committed file list) for an exact
-  snapshot, and read after ``compact()`` + ``gc()`` for a lake without tombstones.
+* **Commit protocol.** ``commit_snapshot`` streams Parquet files with pyarrow (zstd, page checksums,
+  bounded row groups; ``writer``), then commits their ``add`` actions (with Delta stats from the
+  footers) and the ``remove``/``add`` actions of its deletes as ONE Delta version through deltalake's
+  transaction API (``delta``), carrying the run's app transaction ``lakebuffer:<run>`` = the snapshot id
+  and a ``lakebuffer`` document in ``commitInfo`` (snapshot id, schema, the buffer's meta). A snapshot
+  is visible completely or not at all; files of a failed or crashed upload are in no commit, no Delta
+  reader sees them, and ``gc`` (vacuum ``full=True``) removes them. Two writers of one run cannot both
+  take a snapshot id: their commits carry the same app id and delta-rs rejects the second.
+* **Deletes** are Delta copy-on-write deletes inside the snapshot's commit: files of the run that hold a
+  deleted key (key min/max stats, then the key column) are replaced by a copy without those rows.
+  Rows appended by the same snapshot are never deleted by it (a key deleted and pushed again keeps
+  its new row).
+* **Integrity.** Delta has no per-file checksum, so the sha256 is in the file name; every lakebuffer
+  read path checks it before decoding (restore and rewrites per read, datasets once per process and
+  file: ``verified``), ``CorruptionError`` naming the file otherwise.
+* **Compaction** rewrites small files and commits them with ``dataChange=false``; ``gc`` is Delta vacuum
+  (+ aborting stale S3 multipart uploads). Readers pinned to an older version keep it until vacuum.
+* **Time travel.** Each snapshot is a Delta version (``manifest(run, sid)["version"]``):
+  ``DeltaTable(url, version=v)``. The table is created with ``delta.enableExpiredLogCleanup=false`` so
+  the log (the record of snapshots and their meta) is never cleaned up.
 
-Empty snapshots (no rows and no deleted keys) are skipped: ``commit_snapshot`` returns ``None`` unless
+Lakes of lakebuffer's earlier format (``_lakebuffer.json`` / ``_manifests/`` without ``_delta_log/``) are
+refused with ``OldLakeFormatError``. Empty snapshots (no rows and no deleted keys) are skipped unless
 ``force=True``. A missing S3 bucket is reported when the lake is opened (``LakeError``); a missing local
 directory is created at the first write.
 
 Package layout (one job per module; ``ColdStore`` below is the interface the rest of lakebuffer uses):
 
 * ``table``       ``Lake``: composes the parts below and implements ``ColdStore``.
+* ``delta``       the Delta log: open, commit (app transactions, commit documents), storage options.
 * ``fs``          fsspec plumbing: URL -> filesystem, root-relative paths, error mapping, exclusive put.
-* ``s3``          the only adapter around s3fs internals (multipart writer, raw S3 calls).
+* ``s3``          raw S3 calls (bucket probe, stale multipart uploads).
 * ``options``     ``LakeOptions``: frozen tuning (sizes, threads, read behaviour).
-* ``layout``      path names, file-name patterns, run-id encoding.
-* ``rows``        Arrow helpers (schema b64, column juggling, input batches; ``lakebuffer.schema`` owns
-                  conforming and key arrays).
-* ``manifest``    settings file and the manifest log (list, cache, commit with rebase).
-* ``tombstones``  delete files: write, read and cache their keys.
-* ``writer``      streaming Parquet writer of a snapshot (lanes, checksums, background upload).
-* ``reader``      verified read-ahead reader (``BlockReader``) and row copies.
-* ``maintenance`` verify, compact, gc, aborting stale multipart uploads.
+* ``layout``      partition columns, file-name patterns (sha256 in the name), run-id encoding.
+* ``rows``        Arrow helpers (schema b64, column juggling, input batches).
+* ``claims``      the one writer of a run.
+* ``writer``      streaming Parquet writer of a snapshot (lanes, sha256 names, Delta stats, upload).
+* ``reader``      verified read-ahead reader (``FileReader``) and key lookups of deletes.
+* ``verified``    verify-once cache of the dataset paths.
+* ``maintenance`` verify, compact, gc (vacuum), aborting stale multipart uploads.
 
 Prune hints (``Lake.prune_hint``) come from ``lakebuffer.predicate.partition_hint``, the one predicate model.
 """
@@ -68,11 +67,11 @@ from typing import Any, Protocol, runtime_checkable
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from .layout import LAKE_FORMAT, MANIFEST_FORMAT
+from .layout import LAKE_FORMAT
 from .options import LakeOptions
 from .table import Lake
 
-__all__ = ["ColdStore", "Lake", "LakeOptions", "MANIFEST_FORMAT", "LAKE_FORMAT"]
+__all__ = ["ColdStore", "Lake", "LakeOptions", "LAKE_FORMAT"]
 
 
 @runtime_checkable
@@ -80,8 +79,9 @@ class ColdStore(Protocol):
     """The cold tier as the buffer, lake views, fsck and the CLI use it: snapshots are committed
     atomically per run, read back as a stream or a dataset, and maintained (compact, gc, verify).
 
-    A manifest is the committed state of one run (a dict with at least ``snapshot_id`` and ``files``).
-    Implementations: ``Lake`` (Parquet + JSON manifests today; Delta Lake next).
+    A manifest is one committed snapshot of a run (a dict with at least ``snapshot_id``, ``version`` (the
+    Delta version), ``meta`` and ``files``: the run's live files at that version). Implementation: ``Lake``
+    (a Delta Lake table).
     """
 
     @property
@@ -99,7 +99,7 @@ class ColdStore(Protocol):
         meta: dict | None = None,
         force: bool = False,
     ) -> dict | None:
-        """Append rows and tombstone keys as one atomic snapshot of ``run_id``; None when empty."""
+        """Append rows and delete keys as one atomic snapshot (one Delta version) of ``run_id``; None when empty."""
         ...
 
     def snapshots(self, run_id: str) -> list[int]:
@@ -127,7 +127,7 @@ class ColdStore(Protocol):
         ...
 
     def deleted_keys(self, run_id: str | None = None, *, snapshot_id: int | None = None) -> pa.Array:
-        """Tombstoned keys."""
+        """Keys deleted but still in files (always empty for Delta: deletes rewrite files)."""
         ...
 
     def scan_batches(
@@ -166,9 +166,9 @@ class ColdStore(Protocol):
         *,
         small_file_fraction: float = 0.75,
     ) -> dict:
-        """Rewrite small files and files with tombstoned rows; content unchanged."""
+        """Rewrite small files (``dataChange=false``); content unchanged."""
         ...
 
     def gc(self, older_than_s: float = 3600) -> int:
-        """Remove files no live snapshot needs (never a live file); return how many."""
+        """Vacuum files no version younger than ``older_than_s`` needs (never a live file); return how many."""
         ...

@@ -1,5 +1,5 @@
 """fsspec plumbing of a lake: URL -> filesystem, paths relative to the lake root, error mapping
-(``io``), small and exclusive writes, and the raw file object a data-file upload writes to.
+(``io``), small and exclusive writes (writer claims), whole-file reads (verified by the caller).
 
 Every storage call of the lake goes through ``LakeFS`` so that errors name the lake and the fix
 (``LakeError``) in one place, and so that the local, object-store and generic-fsspec cases are decided
@@ -153,17 +153,6 @@ class LakeFS:
             os.makedirs(os.path.dirname(path), exist_ok=True)
         elif self.local:
             self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
-
-    def open_write(self, rel: str, *, part_bytes: int, max_inflight: int) -> Any:
-        """A raw writable file object for a new data file (``discard()`` where the store can drop a
-        half-written object): a plain file locally, ``S3PartWriter`` on s3fs, else fsspec's."""
-        path = self.abs(rel)
-        self._makedirs_for(path)
-        if self.native_local:
-            return open(path, "wb")  # noqa: SIM115 - closed by the caller
-        if s3.can_multipart(self.fs, self.protocol):
-            return s3.S3PartWriter(self.fs, path, part_bytes=part_bytes, max_inflight=max_inflight)
-        return self.fs.open(path, "wb")
 
     def put_small(self, rel: str, data: bytes) -> None:
         path = self.abs(rel)

@@ -1,7 +1,9 @@
-"""Where things live in a lake: directory names, file-name patterns and the run-id encoding.
+"""Where things live in a lake: the Delta table's partition columns, data-file names, run-id encoding.
 
-One module so that the writer, the manifest log, the tombstones and gc agree on every path (see the
-layout in ``lakebuffer.lake``'s docstring). The Delta Lake issue replaces this naming wholesale.
+One module so that the writer, the reader, verification and gc agree on every name (see the layout in
+``lakebuffer.lake``'s docstring). A data file's name carries the sha256 of its bytes: Delta records size,
+row count and min/max per file but no checksum, and a name survives checkpoints, log compaction and every
+engine (they all ignore it), so the checksum cannot be lost or drift from the file it describes.
 """
 
 from __future__ import annotations
@@ -14,18 +16,16 @@ from urllib.parse import quote
 
 import pyarrow as pa
 
-MANIFEST_FORMAT = "lakebuffer.manifest/1"
-LAKE_FORMAT = "lakebuffer.lake/1"
-MANIFEST_DIR = "_manifests"
-DELETE_DIR = "_deletes"
-LAKE_META = "_lakebuffer.json"
+LAKE_FORMAT = "lakebuffer.delta/1"
+DELTA_LOG = "_delta_log"
+OLD_FORMAT_MARKERS = ("_lakebuffer.json", "_manifests")  # lakebuffer's format before Delta Lake
 PARTITION_FIELDS = [pa.field("run_id", pa.string(), nullable=False), pa.field("policy_bucket", pa.int64(), nullable=False)]
+PARTITION_COLUMNS = [f.name for f in PARTITION_FIELDS]
 MiB = 2**20
 
-MANIFEST_NAME = re.compile(r"^(\d{20})\.json$")
-DATA_FILE = re.compile(r"^run_id=[^/]+/policy_bucket=-?\d+/part-[^/]+\.parquet$")
-DELETE_FILE = re.compile(r"^" + DELETE_DIR + r"/run_id=[^/]+/del-[^/]+\.arrow$")
-TOKEN_TIME = re.compile(r"-(\d{9,11})-[0-9a-f]{8}[a-z]*\.(?:parquet|arrow)$")
+# part-<sid 8>-<n 4>-<unix seconds>-<random 8><tag>-<sha256 64>.parquet
+DATA_NAME = re.compile(r"part-(\d{8})-\d{4,}-(\d{9,11})-[0-9a-f]{8}[a-z]*-([0-9a-f]{64})\.parquet$")
+TOKEN_TIME = re.compile(r"-(\d{9,11})-[0-9a-f]{8}[a-z]*(?:-[0-9a-f]{64})?\.parquet(?:\.tmp-[0-9a-f]+)?$")
 
 
 def now() -> tuple[str, float]:
@@ -35,13 +35,14 @@ def now() -> tuple[str, float]:
 
 
 def enc(run_id: str) -> str:
-    """The run id as a path segment (percent-encoded, no ``/`` left)."""
+    """The run id as a path segment (percent-encoded, no ``/`` left). Delta keeps the exact value in
+    each file's ``partitionValues``; the directory name is for humans and hive-style tools."""
     return quote(run_id, safe="")
 
 
 def file_token(tag: str = "") -> str:
-    """``<unix seconds>-<random>``: unique per writer, and it dates the file for ``gc`` even where the
-    store's own timestamps are not trustworthy (moto reports every multipart upload as from 2010)."""
+    """``<unix seconds>-<random>``: unique per writer, and it dates the file for the stale-upload sweep
+    where the store's own timestamps are not trustworthy (moto dates every multipart upload 2010)."""
     return f"{int(time.time())}-{uuid.uuid4().hex[:8]}{tag}"
 
 
@@ -55,9 +56,16 @@ def run_dir(run_id: str) -> str:
     return f"run_id={enc(run_id)}"
 
 
-def manifest_rel(run_id: str, snapshot_id: int) -> str:
-    return f"{MANIFEST_DIR}/{run_dir(run_id)}/{snapshot_id:020d}.json"
+def data_name(snapshot_id: int, n: int, token: str, sha256: str) -> str:
+    return f"part-{snapshot_id:08d}-{n:04d}-{token}-{sha256}.parquet"
 
 
-def delete_rel(run_id: str, snapshot_id: int) -> str:
-    return f"{DELETE_DIR}/{run_dir(run_id)}/del-{snapshot_id:08d}-{file_token()}.arrow"
+def sha256_of(path: str) -> str | None:
+    """The sha256 a data file's name promises, or None for a file lakebuffer did not write."""
+    m = DATA_NAME.search(path)
+    return m.group(3) if m else None
+
+
+def snapshot_of(path: str) -> int:
+    m = DATA_NAME.search(path)
+    return int(m.group(1)) if m else 0

@@ -3,7 +3,7 @@
 Frozen so that a writer or reader started with one set of options keeps it for its whole life; a
 change (``Lake.ranged_reads = True``) builds a new ``LakeOptions`` and applies to the next operation.
 The partitioning (``policy_bucket_size``) is not here: it is a property of the stored lake, kept in
-``_lakebuffer.json``.
+the Delta table's description.
 """
 
 from __future__ import annotations
@@ -22,20 +22,16 @@ def default_encode_threads() -> int:
 @dataclass(frozen=True)
 class LakeOptions:
     """``row_group_bytes`` (uncompressed Arrow bytes) / ``row_group_rows`` bound Parquet row groups
-    (whichever comes first); ``target_file_bytes`` rotates snapshot files; ``encode_threads`` encode
-    row groups of one partition into that many files in parallel. Uploads: ``upload_chunk_bytes`` per
-    write to the store, ``upload_part_bytes`` S3 multipart parts with ``upload_concurrency`` in flight;
-    ``block_bytes`` is the crc32 block size. Reads: ``read_concurrency`` fetch threads,
-    ``read_ahead_bytes`` ahead, ``ranged_reads`` (see ``reader.BlockReader``), ``verify_reads``."""
+    (whichever comes first); ``target_file_bytes`` rotates snapshot files (on an object store a file is
+    held in memory until it is named by its sha256 and uploaded, so this also bounds that memory);
+    ``encode_threads`` encode row groups of one partition into that many files in parallel. Reads:
+    ``read_concurrency`` fetch threads, ``read_ahead_bytes`` ahead, ``ranged_reads`` (see
+    ``reader.FileReader``), ``verify_reads``."""
 
     row_group_bytes: int = 32 * MiB
     row_group_rows: int = 64 * 1024
-    target_file_bytes: int = 48 * MiB
+    target_file_bytes: int = 32 * MiB
     encode_threads: int = 1
-    upload_chunk_bytes: int = 8 * MiB
-    upload_part_bytes: int = 8 * MiB
-    upload_concurrency: int = 3
-    block_bytes: int = 8 * MiB
     read_concurrency: int = 3
     read_ahead_bytes: int = 128 * MiB
     ranged_reads: bool = False

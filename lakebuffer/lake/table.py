@@ -1,37 +1,47 @@
-"""``Lake``: the cold store of the buffer, composed of a ``LakeFS`` (storage), a ``ManifestLog``
-(commits), ``Tombstones`` (deletes), the snapshot ``Writer`` and the verified ``BlockReader``.
+"""``Lake``: the cold store of the buffer, one Delta Lake table composed of a ``LakeFS`` (file bytes),
+a ``DeltaLog`` (commits, versions, snapshot ids), the snapshot ``Writer`` and the verified ``FileReader``.
 
 It implements ``lakebuffer.lake.ColdStore``; its public methods and their signatures are the ones the
-rest of the package, the CLI and users call (see the package docstring for the on-disk layout).
+rest of the package, the CLI and users call (see the package docstring for the layout and protocol).
+A "manifest" is now a view of the Delta table: the run's live files at the version of one of its
+snapshot commits, plus that commit's lakebuffer document (``snapshot_id``, ``version``, ``meta``...).
 """
 
 from __future__ import annotations
 
+import contextlib
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
+from urllib.parse import unquote
 
 import fsspec
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
+from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import AddAction, RemoveAction
 
-from ..errors import LakeBufferError, LakeError, ReadOnlyError, SchemaError
+from ..errors import LakeBufferError, LakeError, LockedError, OldLakeFormatError, ReadOnlyError, SchemaError
 from ..predicate import partition_hint
 from ..resources import render_sql
-from ..schema import PARTITIONING, ROLLOUT_SCHEMA, cast_to, key_array, unique_keys
+from ..schema import PARTITIONING, ROLLOUT_SCHEMA, cast_to, key_array
 from . import maintenance
 from .claims import WriterClaims
+from .delta import DeltaLog, app_id
 from .fs import LakeFS
-from .layout import PARTITION_FIELDS, MiB, check_run_id
-from .manifest import ManifestLog, ensure_settings, read_settings
+from .layout import DELTA_LOG, OLD_FORMAT_MARKERS, PARTITION_FIELDS, MiB, check_run_id, now, sha256_of, snapshot_of
 from .options import LakeOptions
-from .reader import BlockReader, copy_rows, files_with_keys
-from .rows import iter_input, schema_from_b64, with_run_id, without, without_columns
-from .tombstones import Tombstones
+from .reader import FileReader, fetch, holds_any, key_range_hit, open_parquet, read_group
+from .rows import iter_input, schema_from_b64, schema_to_b64, with_run_id, without, without_columns
 from .verified import mark_verified, verify_entries
 from .writer import Writer
+
+EMPTY_KEYS = pa.array([], pa.string())
+DELTA_PROTOCOLS = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "azure"}
 
 
 def _ident(name: str) -> str:
@@ -50,24 +60,68 @@ def _option(name: str) -> property:
     return property(get, set_, doc=f"``LakeOptions.{name}``")
 
 
+def entries_of(dt: DeltaTable | None, run_id: str | None = None) -> list[dict]:
+    """The live data files of ``dt`` (of one run, or all) as entries: path (relative), run_id,
+    policy_bucket, rows, bytes, sha256 (from the name), snapshot_id (from the name), key and
+    policy_version ranges (from the Delta stats)."""
+    if dt is None:
+        return []
+    t = pa.table(dt.get_add_actions(flatten=True))
+    if t.num_rows == 0:
+        return []
+    if run_id is not None:
+        t = t.filter(pc.equal(t.column("partition.run_id"), run_id))
+    cols = {n: t.column(n).to_pylist() for n in t.column_names if n in (
+        "path", "size_bytes", "num_records", "partition.run_id", "partition.policy_bucket",
+        "min.key", "max.key", "min.policy_version", "max.policy_version")}
+    out = []
+    for i, logged in enumerate(cols["path"]):
+        path = unquote(logged)  # get_add_actions gives the log's URI-encoded path
+        out.append({
+            "path": path,
+            "run_id": cols["partition.run_id"][i],
+            "policy_bucket": int(cols["partition.policy_bucket"][i]),
+            "rows": cols.get("num_records", [None] * len(cols["path"]))[i],
+            "bytes": int(cols["size_bytes"][i]),
+            "sha256": sha256_of(path),
+            "snapshot_id": snapshot_of(path),
+            "min_key": cols.get("min.key", [None] * len(cols["path"]))[i],
+            "max_key": cols.get("max.key", [None] * len(cols["path"]))[i],
+            "min_policy_version": cols.get("min.policy_version", [None] * len(cols["path"]))[i],
+            "max_policy_version": cols.get("max.policy_version", [None] * len(cols["path"]))[i],
+        })
+    out.sort(key=lambda e: (e["run_id"], e["snapshot_id"], e["path"]))
+    return out
+
+
+def _add(entry: dict, run_id: str, *, data_change: bool) -> AddAction:
+    return AddAction(
+        entry["path"], int(entry["bytes"]), {"run_id": run_id, "policy_bucket": str(int(entry["policy_bucket"]))},
+        int(now()[1] * 1000), data_change, entry["stats"],
+    )
+
+
+def _remove(entry: dict, *, data_change: bool) -> RemoveAction:
+    return RemoveAction(
+        entry["path"], data_change, int(now()[1] * 1000), int(entry["bytes"]),
+        {"run_id": entry["run_id"], "policy_bucket": str(int(entry["policy_bucket"]))},
+    )
+
+
 class Lake:
-    """Cold tier of the buffer: committed snapshots of hive-partitioned Parquet (see package doc).
+    """Cold tier of the buffer: one Delta table, hive-partitioned by ``run_id`` and policy bucket.
 
     ``policy_bucket_size`` (``None``: the lake's stored value, else 1) is fixed per lake at the first
-    commit and stored in ``_lakebuffer.json``; opening with a different explicit value raises
-    ``LakeError``. ``filesystem`` replaces the fsspec filesystem built from ``url`` (e.g. a wrapped
-    one). The other keyword arguments are ``LakeOptions`` (sizes, threads, read behaviour); each is
-    also readable and assignable as an attribute of the lake.
+    commit and stored in the table's description; opening with a different explicit value raises
+    ``LakeError``. ``filesystem`` replaces the fsspec filesystem built from ``url`` for the data-file
+    bytes (deltalake reaches the store with ``storage_options``). The other keyword arguments are
+    ``LakeOptions``; each is also readable and assignable as an attribute of the lake.
     """
 
     row_group_bytes = _option("row_group_bytes")
     row_group_rows = _option("row_group_rows")
     target_file_bytes = _option("target_file_bytes")
     encode_threads = _option("encode_threads")
-    upload_chunk_bytes = _option("upload_chunk_bytes")
-    upload_part_bytes = _option("upload_part_bytes")
-    upload_concurrency = _option("upload_concurrency")
-    block_bytes = _option("block_bytes")
     read_concurrency = _option("read_concurrency")
     read_ahead_bytes = _option("read_ahead_bytes")
     ranged_reads = _option("ranged_reads")
@@ -83,12 +137,8 @@ class Lake:
         filesystem: fsspec.AbstractFileSystem | None = None,
         row_group_bytes: int = 32 * MiB,
         row_group_rows: int = 64 * 1024,
-        target_file_bytes: int = 48 * MiB,
+        target_file_bytes: int = 32 * MiB,
         encode_threads: int | None = None,
-        upload_chunk_bytes: int = 8 * MiB,
-        upload_part_bytes: int = 8 * MiB,
-        upload_concurrency: int = 3,
-        block_bytes: int = 8 * MiB,
         read_concurrency: int = 3,
         read_ahead_bytes: int = 128 * MiB,
         ranged_reads: bool = False,
@@ -100,26 +150,30 @@ class Lake:
             row_group_rows=row_group_rows,
             target_file_bytes=target_file_bytes,
             encode_threads=encode_threads,
-            upload_chunk_bytes=upload_chunk_bytes,
-            upload_part_bytes=upload_part_bytes,
-            upload_concurrency=upload_concurrency,
-            block_bytes=block_bytes,
             read_concurrency=read_concurrency,
             read_ahead_bytes=read_ahead_bytes,
             ranged_reads=ranged_reads,
             verify_reads=verify_reads,
         )
         self.store = LakeFS(url, storage_options, filesystem)
-        self.log = ManifestLog(self.store)
-        self.tombstones = Tombstones(self.store)
+        if not (self.store.local or self.store.protocol in DELTA_PROTOCOLS):
+            raise LakeError(
+                f"lake {url!r}: deltalake cannot open {self.store.protocol}:// URLs; use a local path, s3://, gs:// "
+                "or an Azure URL (abfss://, az://)"
+            )
+        self.delta = DeltaLog(self.store)
         self.claims = WriterClaims(self.store)
-        self._format = ds.ParquetFileFormat(default_fragment_scan_options=ds.ParquetFragmentScanOptions(pre_buffer=True))
+        self._format = ds.ParquetFileFormat(
+            default_fragment_scan_options=ds.ParquetFragmentScanOptions(pre_buffer=True, page_checksum_verification=True)
+        )
         self.store.probe()
-        stored = read_settings(self.store)
+        dt = self.delta.table()
+        if dt is None:
+            self._refuse_old_format()
         default = int(PARTITIONING.get("policy_bucket_size", 1))
-        self._settings_written = stored is not None
+        stored = self.delta.settings(dt).get("policy_bucket_size") if dt is not None else None
         if stored is not None:
-            size = int(stored.get("policy_bucket_size", default))
+            size = int(stored)
             if policy_bucket_size is not None and int(policy_bucket_size) != size:
                 raise LakeError(
                     f"lake {self.url} is partitioned with policy_bucket_size={size}, not {policy_bucket_size}; "
@@ -131,6 +185,17 @@ class Lake:
             raise ValueError(f"policy_bucket_size must be >= 1, not {size}")
         self.policy_bucket_size = size
 
+    def _refuse_old_format(self) -> None:
+        for marker in OLD_FORMAT_MARKERS:
+            with contextlib.suppress(Exception):
+                if self.store.fs.exists(self.store.abs(marker)):
+                    raise OldLakeFormatError(
+                        f"lake {self.url} was written by lakebuffer's format before Delta Lake ({marker} and no "
+                        f"{DELTA_LOG}/); this version reads Delta tables only. Snapshot the runs again into a new "
+                        "lake URL (open each buffer with the new lake= and call snapshot()), or read the old lake "
+                        "with the lakebuffer version that wrote it"
+                    )
+
     # ---- where the lake is --------------------------------------------------------------
     @property
     def fs(self) -> fsspec.AbstractFileSystem:
@@ -139,7 +204,7 @@ class Lake:
 
     @property
     def url(self) -> str:
-        """The lake's URL (an absolute path for a local lake)."""
+        """The lake's URL (an absolute path for a local lake): ``deltalake.DeltaTable(url)`` opens it."""
         return self.store.url
 
     @property
@@ -154,6 +219,16 @@ class Lake:
     def storage_options(self) -> dict:
         return self.store.storage_options
 
+    @property
+    def delta_storage_options(self) -> dict[str, str]:
+        """``storage_options`` for deltalake / polars ``scan_delta`` readers: the ``AWS_*`` (etc.)
+        connection keys (lakebuffer's own timeouts and retries stay out: not every reader takes them)."""
+        return {k: v for k, v in self.delta.options.items() if k.isupper()}
+
+    def table(self, version: int | None = None) -> DeltaTable | None:
+        """The ``deltalake.DeltaTable`` (at ``version``), or None before the first commit."""
+        return self.delta.table(version)
+
     def _check_writable(self) -> None:
         if self.read_only:
             raise ReadOnlyError(f"lake {self.url} is opened read-only")
@@ -161,39 +236,115 @@ class Lake:
     def _writer(self, run_id: str, snapshot_id: int, schema: pa.Schema, target: int, **kw: Any) -> Writer:
         return Writer(self.store, self.options, self.policy_bucket_size, run_id, snapshot_id, schema, target, **kw)
 
-    # ---- manifests ----------------------------------------------------------------------
+    # ---- snapshots ----------------------------------------------------------------------
     def snapshots(self, run_id: str) -> list[int]:
-        """Committed snapshot ids of a run (oldest first; ``gc`` removes expired ones)."""
-        return self.log.snapshots(run_id)
+        """Committed snapshot ids of a run, oldest first (each is one Delta version)."""
+        dt = self.delta.table()
+        return sorted(self.delta.run_commits(dt, run_id)) if dt is not None else []
+
+    def snapshot_docs(self, run_id: str) -> dict[int, dict]:
+        """snapshot id -> the commit document (``meta``, ``summary``, ``version``...) of each snapshot
+        of a run, read from the Delta log without listing files (reconciliation after a crash)."""
+        dt = self.delta.table()
+        if dt is None:
+            return {}
+        return {sid: {**doc, "version": v} for sid, (v, doc) in self.delta.run_commits(dt, run_id).items()}
+
+    def _manifest(self, dt: DeltaTable, run_id: str, sid: int, version: int, doc: dict, files_dt: DeltaTable) -> dict:
+        files = entries_of(files_dt, run_id)
+        return {
+            "snapshot_id": sid,
+            "parent_id": sid - 1 if sid > 1 else None,
+            "version": version,
+            "run_id": run_id,
+            "operation": doc.get("operation", "append"),
+            "created_at": doc.get("created_at"),
+            "created_at_s": doc.get("created_at_s"),
+            "schema": doc.get("schema"),
+            "meta": doc.get("meta") or {},
+            "summary": {
+                **(doc.get("summary") or {}),
+                "rows": sum(int(f["rows"] or 0) for f in files),  # the run's live rows at this version
+                "files": len(files),
+                "bytes": sum(int(f["bytes"]) for f in files),
+            },
+            "added_files": [f for f in files if f["snapshot_id"] == sid],
+            "files": files,
+            "delete_files": [],
+        }
 
     def manifest(self, run_id: str, snapshot_id: int) -> dict:
-        """One committed manifest (immutable, cached)."""
-        return self.log.get(run_id, snapshot_id)
+        """Snapshot ``snapshot_id`` of a run: its commit document and the run's files at its version."""
+        dt = self.delta.table()
+        commits = self.delta.run_commits(dt, run_id) if dt is not None else {}
+        if int(snapshot_id) not in commits:
+            raise LakeError(f"run {run_id!r} of lake {self.url} has no snapshot {snapshot_id}")
+        version, doc = commits[int(snapshot_id)]
+        latest = dt.transaction_version(app_id(run_id))
+        files_dt = dt if latest == int(snapshot_id) else self.delta.table(version)
+        return self._manifest(dt, run_id, int(snapshot_id), version, doc, files_dt)
 
     def latest_manifest(self, run_id: str) -> dict | None:
-        """The newest committed manifest of ``run_id``, or None when the run has none."""
-        return self.log.latest(run_id)
+        """The newest snapshot of ``run_id`` with the run's files as of the latest version (the same
+        rows; compaction may have rewritten the files since), or None when the run has none."""
+        dt = self.delta.table()
+        if dt is None:
+            return None
+        sid = dt.transaction_version(app_id(run_id))
+        if sid is None:
+            return None
+        commits = self.delta.run_commits(dt, run_id)
+        version, doc = commits.get(int(sid), (None, {}))
+        return self._manifest(dt, run_id, int(sid), version, doc, dt)
 
     def runs(self) -> list[str]:
         """Runs with at least one committed snapshot, sorted."""
-        return sorted(self.log.listing())
+        dt = self.delta.table()
+        if dt is None:
+            return []
+        runs = {d["run_id"] for d in self.delta.docs(dt).values() if d.get("operation") == "append"}
+        runs |= {e["run_id"] for e in entries_of(dt)}
+        return sorted(runs)
+
+    def _selected(self, run_id: str | None, snapshot_id: int | None) -> tuple[list[dict], dict[str, dict]]:
+        """(live files, run -> commit doc of its latest snapshot) of one run or all runs."""
+        dt = self.delta.table()
+        if dt is None:
+            return [], {}
+        if run_id is None:
+            if snapshot_id is not None:
+                raise ValueError("snapshot_id needs a run_id")
+            docs: dict[str, dict] = {}
+            for _, d in sorted(self.delta.docs(dt).items()):
+                if d.get("operation") == "append":
+                    docs[d["run_id"]] = d
+            return entries_of(dt), docs
+        check_run_id(run_id)
+        if snapshot_id is None:
+            m = self.latest_manifest(run_id)
+        else:
+            m = self.manifest(run_id, snapshot_id)
+        if m is None:
+            return [], {}
+        return m["files"], {run_id: m}
 
     # ---- read side ----------------------------------------------------------------------
     def files(self, run_id: str | None = None, *, snapshot_id: int | None = None) -> list[str]:
-        """URLs (local: absolute paths) of the committed live data files, all runs if ``run_id`` is None."""
-        return [self.store.url_of(f["path"]) for m in self.log.select(run_id, snapshot_id).values() for f in m["files"]]
+        """URLs (local: absolute paths) of the live data files, all runs if ``run_id`` is None: exactly
+        ``DeltaTable.file_uris()`` (Delta deletes rewrite files, so no row of them is deleted)."""
+        return [self.store.url_of(f["path"]) for f in self._selected(run_id, snapshot_id)[0]]
 
     def deleted_keys(self, run_id: str | None = None, *, snapshot_id: int | None = None) -> pa.Array:
-        """The tombstoned keys (string array, unique) of one run or of all runs."""
-        return unique_keys([self.tombstones.of(m) for m in self.log.select(run_id, snapshot_id).values()])
+        """Always empty: deletes rewrite the files that held the keys (Delta copy-on-write)."""
+        return EMPTY_KEYS
 
     def schema(self, run_id: str | None = None) -> pa.Schema:
         """Row schema of the lake (unified over runs), with the ``run_id`` and ``policy_bucket`` columns."""
-        return self._dataset_schema(self.log.select(run_id))
+        return self._dataset_schema(self._selected(run_id, None)[1])
 
-    def _dataset_schema(self, manifests: dict[str, dict], schema: pa.Schema | None = None) -> pa.Schema:
+    def _dataset_schema(self, docs: dict[str, dict], schema: pa.Schema | None = None) -> pa.Schema:
         if schema is None:
-            schemas = [schema_from_b64(m["schema"]) for m in manifests.values() if m.get("schema")]
+            schemas = [schema_from_b64(m["schema"]) for m in docs.values() if m.get("schema")]
             if not schemas:
                 schema = ROLLOUT_SCHEMA
             elif len(schemas) == 1:
@@ -208,9 +359,9 @@ class Lake:
             schema = schema.append(PARTITION_FIELDS[1])
         return schema
 
-    def _fragment(self, run_id: str, entry: dict, filesystem: pafs.FileSystem) -> ds.Fragment:
-        expr = (ds.field("run_id") == run_id) & (ds.field("policy_bucket") == int(entry["policy_bucket"]))
-        if entry.get("min_policy_version") is not None:
+    def _fragment(self, entry: dict, filesystem: pafs.FileSystem) -> ds.Fragment:
+        expr = (ds.field("run_id") == entry["run_id"]) & (ds.field("policy_bucket") == int(entry["policy_bucket"]))
+        if entry.get("min_policy_version") is not None and entry.get("max_policy_version") is not None:
             expr = expr & (ds.field("policy_version") >= int(entry["min_policy_version"]))
             expr = expr & (ds.field("policy_version") <= int(entry["max_policy_version"]))
         return self._format.make_fragment(
@@ -226,41 +377,30 @@ class Lake:
         apply_deletes: bool = True,
         verify: bool | None = None,
     ) -> ds.Dataset:
-        """A pyarrow dataset over the committed files (pinned to the manifests read now), hive partition
-        columns ``run_id`` (string) and ``policy_bucket`` (int64), tombstoned keys filtered out.
+        """A pyarrow dataset over the table's live files (pinned to the version read now), partition
+        columns ``run_id`` (string) and ``policy_bucket`` (int64); the same rows as
+        ``DeltaTable(url).to_pyarrow_dataset()``.
 
         Each fragment carries ``run_id``, ``policy_bucket`` and the file's ``policy_version`` range as
         its partition expression, so filters on any of them skip other files without opening them.
         Unless ``verify=False`` (default: ``verify_reads``), each file not yet checked by this process
-        is checked against the manifest's checksums first (``lake/verified.py``).
+        is checked against the sha256 in its name first (``lake/verified.py``); pages are verified by
+        their checksums as they are decoded. ``apply_deletes`` is accepted for compatibility: Delta
+        deletes leave nothing to filter.
         """
-        manifests = self.log.select(run_id, snapshot_id)
-        full = self._dataset_schema(manifests, schema)
+        entries, docs = self._selected(run_id, snapshot_id)
+        full = self._dataset_schema(docs, schema)
         verify = self.options.verify_reads if verify is None else verify
         fs = self.store.pafs
         if verify:
-            verify_entries(self.store, [f for m in manifests.values() for f in m["files"]])
-        frags = [self._fragment(r, f, fs) for r, m in manifests.items() for f in m["files"]]
-        dset = ds.FileSystemDataset(frags, full, self._format, fs)
-        if apply_deletes:
-            expr = None
-            for r, m in manifests.items():
-                keys = self.tombstones.of(m)
-                if len(keys) == 0:
-                    continue
-                hide = pc.is_in(ds.field("key"), value_set=keys)
-                if len(manifests) > 1:
-                    hide = (ds.field("run_id") == r) & hide
-                expr = ~hide if expr is None else expr & ~hide
-            if expr is not None:
-                dset = dset.filter(expr)
-        return dset
+            verify_entries(self.store, entries)
+        return ds.FileSystemDataset([self._fragment(f, fs) for f in entries], full, self._format, fs)
 
     def register(self, con: Any, view: str = "cold", run_id: str | None = None) -> None:
-        """Create or replace the DuckDB view ``view`` over the committed files minus tombstones.
+        """Create or replace the DuckDB view ``view`` over the table's live rows.
 
         No DuckDB extension is needed: the view reads a pyarrow dataset registered on ``con``
-        (S3 through s3fs). The view is pinned to the snapshots committed now; call again to refresh.
+        (verified as ``dataset`` says). The view is pinned to the version read now; call again to refresh.
         """
         dset = self.dataset(run_id)
         source = f"__lakebuffer_{view}_dataset"
@@ -282,18 +422,16 @@ class Lake:
         snapshot_id: int | None = None,
         verify: bool | None = None,
     ) -> Iterator[pa.RecordBatch]:
-        """Restore path: every live row of ``run_id`` as of its latest committed snapshot (or
-        ``snapshot_id``), minus tombstones, streamed one row group at a time, with the ``run_id``
-        column (``policy_bucket`` on request). Files are fetched by ``read_concurrency`` threads, up to
-        ``read_ahead_bytes`` ahead of decoding (so decoding one file overlaps fetching the next) and
-        checked against the manifest's checksums (``CorruptionError`` naming the file) unless
+        """Restore path: every live row of ``run_id`` as of its latest snapshot (or ``snapshot_id``),
+        streamed one row group at a time, with the ``run_id`` column (``policy_bucket`` on request).
+        Files are fetched by ``read_concurrency`` threads, up to ``read_ahead_bytes`` ahead of decoding,
+        and checked against the sha256 in their names (``CorruptionError`` naming the file) unless
         ``verify=False``."""
         check_run_id(run_id)
-        m = self.log.get(run_id, snapshot_id) if snapshot_id is not None else self.log.latest(run_id)
+        m = self.manifest(run_id, snapshot_id) if snapshot_id is not None else self.latest_manifest(run_id)
         if m is None:
             return
         verify = self.options.verify_reads if verify is None else verify
-        keys = self.tombstones.of(m)
         row_schema = with_run_id(schema_from_b64(m["schema"])) if m.get("schema") else with_run_id(ROLLOUT_SCHEMA)
         if columns is None:
             out_schema = row_schema
@@ -308,14 +446,9 @@ class Lake:
                     raise KeyError(f"column {c!r} is not in run {run_id!r} of lake {self.url}")
             out_schema = pa.schema(fields, metadata=row_schema.metadata)
         physical = [f.name for f in out_schema if f.name not in ("run_id", "policy_bucket")]
-        need_key = len(keys) > 0 and "key" not in physical
-        read_cols = physical + (["key"] if need_key else [])
-        entries = sorted(m["files"], key=lambda f: (int(f.get("snapshot_id", 0)), f["path"]))
-        for entry, pf, i in BlockReader(self.store, self.options, entries, verify).row_groups():
+        for entry, pf, i in FileReader(self.store, self.options, m["files"], verify).row_groups():
             avail = set(pf.schema_arrow.names)
-            t = pf.read_row_group(i, columns=[c for c in read_cols if c in avail], use_threads=False)
-            if len(keys):
-                t = t.filter(pc.invert(pc.is_in(t.column("key"), value_set=keys)))
+            t = read_group(self.store, entry, pf, i, [c for c in physical if c in avail])
             n = t.num_rows
             if n == 0:
                 continue
@@ -333,34 +466,34 @@ class Lake:
             yield from pa.Table.from_arrays(arrays, schema=out_schema).to_batches()
 
     def verify(self, run_id: str | None = None) -> dict:
-        """Check size and sha256 of every live data and delete file of the latest snapshots;
-        ``CorruptionError`` naming every bad or missing file, else a summary."""
+        """Check size and sha256 of every live file; ``CorruptionError`` naming every bad or missing
+        file, else a summary."""
         return maintenance.verify(self, run_id)
 
     def stats(self, run_id: str | None = None) -> dict:
-        """Sizes from the latest manifests (no data read). ``rows`` are the live rows: file rows minus
-        tombstoned keys (a key is tombstoned once, and only if a file holds it); ``file_rows`` both."""
-        ms = self.log.select(run_id)
-        files = [f for m in ms.values() for f in m["files"]]
-        file_rows = sum(int(f["rows"]) for f in files)
-        deleted = sum(int(d["rows"]) for m in ms.values() for d in m.get("delete_files", []))
+        """Sizes from the Delta log (no data read)."""
+        entries, docs = self._selected(run_id, None)
+        dt = self.delta.table()
+        last: dict[str, int] = {}
+        if dt is not None:
+            for r in ([run_id] if run_id is not None else self.runs()):
+                sid = dt.transaction_version(app_id(r))
+                if sid is not None:
+                    last[r] = int(sid)
+        rows = sum(int(f["rows"] or 0) for f in entries)
         return {
-            "runs": len(ms),
-            "files": len(files),
-            "rows": file_rows - deleted,
-            "file_rows": file_rows,
-            "deleted_keys": deleted,
-            "bytes": sum(int(f["bytes"]) for f in files),
-            "delete_files": sum(len(m.get("delete_files", [])) for m in ms.values()),
-            "last_snapshot_id": {r: m["snapshot_id"] for r, m in ms.items()},
+            "runs": len(last),
+            "files": len(entries),
+            "rows": rows,
+            "file_rows": rows,
+            "deleted_keys": 0,
+            "bytes": sum(int(f["bytes"]) for f in entries),
+            "delete_files": 0,
+            "last_snapshot_id": last,
+            "version": dt.version() if dt is not None else None,
         }
 
     # ---- write side ---------------------------------------------------------------------
-    def _ensure_settings(self) -> None:
-        if not self._settings_written:
-            ensure_settings(self.store, self.policy_bucket_size)
-            self._settings_written = True
-
     def commit_snapshot(
         self,
         run_id: str,
@@ -370,23 +503,29 @@ class Lake:
         meta: dict | None = None,
         force: bool = False,
     ) -> dict | None:
-        """Append ``batches`` (streamed, never concatenated) and tombstone ``deleted_keys`` (hidden from
-        all earlier files of the run) as one atomic snapshot; return its manifest, or None for an empty
-        snapshot (no rows, no deletes) unless ``force``. Rows must belong to ``run_id`` (their
-        ``run_id`` column, if any, is checked and dropped: the path carries it). Any storage error
-        raises LakeError and leaves the committed state as it was."""
+        """Append ``batches`` (streamed, never concatenated) and delete ``deleted_keys`` from the run's
+        earlier files as one Delta commit = one snapshot of ``run_id``; return its manifest, or None for
+        an empty snapshot (no rows, no deletes) unless ``force``.
+
+        Deletes are Delta copy-on-write deletes in the same commit: the files of the run whose key
+        range (Delta stats) may hold a deleted key are fetched (verified), their key column read, and
+        those that do hold one are rewritten without those rows (remove + add). Rows of this snapshot
+        are never deleted by it, so a key deleted and pushed again ends with the new row only. The
+        snapshot id is the run's app-transaction version + 1, committed with the data: a second writer
+        of the run racing for the same id loses (``LockedError``). Rows must belong to ``run_id``
+        (their ``run_id`` column, if any, is checked and dropped: the partition carries it). Any
+        storage error raises LakeError and leaves the committed state as it was."""
         self._check_writable()
         check_run_id(run_id)
-        parent = self.log.latest(run_id)
-        self._ensure_settings()
-        sid = (parent["snapshot_id"] if parent else 0) + 1
+        dt = self.delta.table()
+        parent_sid = (dt.transaction_version(app_id(run_id)) if dt is not None else None) or 0
+        sid = parent_sid + 1
+        parent_doc: dict = {}
+        if parent_sid and dt is not None:
+            parent_doc = self.delta.run_commits(dt, run_id).get(parent_sid, (None, {}))[1]
         dkeys = key_array(deleted_keys)
-        tomb = self.tombstones.of(parent)
-        watch = unique_keys([tomb, dkeys])
-        hits: list[pa.Array] = []
         writer: Writer | None = None
         rewriter: Writer | None = None
-        delete_entry: dict | None = None
         row_schema: pa.Schema | None = None
         file_schema: pa.Schema | None = None
         user_error: BaseException | None = None
@@ -414,9 +553,9 @@ class Lake:
                     file_schema = without(batch.schema, ["run_id", "policy_bucket"])
                     if "policy_version" not in file_schema.names:
                         raise SchemaError("batches need a 'policy_version' column (the lake partitions by it)")
-                    if parent and parent.get("schema"):
+                    if parent_doc.get("schema"):
                         try:
-                            pa.unify_schemas([schema_from_b64(parent["schema"]), row_schema])
+                            pa.unify_schemas([schema_from_b64(parent_doc["schema"]), row_schema])
                         except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
                             raise SchemaError(f"snapshot schema does not fit run {run_id!r}: {e}") from e
                     writer = self._writer(run_id, sid, file_schema, self.options.target_file_bytes)
@@ -430,67 +569,113 @@ class Lake:
                         batch = cast_to(batch, file_schema)
                     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
                         raise SchemaError(f"batch does not fit the snapshot schema: {e}") from e
-                if len(watch) and "key" in file_schema.names:
-                    k = batch.column("key")
-                    hit = k.filter(pc.is_in(k, value_set=watch))
-                    if len(hit):
-                        hits.append(hit)
                 writer.add(batch)
             entries = writer.finish() if writer is not None else []
             nrows = sum(int(e["rows"]) for e in entries)
             if nrows == 0 and len(dkeys) == 0 and not force:
                 return None
-            resurrected = unique_keys(hits)
-            remove_files: set[str] = set()
-            remove_deletes: set[str] = set()
+            schema_doc = row_schema or (schema_from_b64(parent_doc["schema"]) if parent_doc.get("schema") else with_run_id(ROLLOUT_SCHEMA))
+            if parent_doc.get("schema") and row_schema is not None:
+                schema_doc = pa.unify_schemas([schema_from_b64(parent_doc["schema"]), row_schema])
+            removed: list[dict] = []
             rewritten: list[dict] = []
-            if len(resurrected):
-                # keys deleted earlier (or in this very snapshot) come back with this snapshot: drop
-                # their old rows physically and take them out of the tombstone set
-                hidden = watch
-                wide = row_schema
-                if parent and parent.get("schema"):
-                    wide = pa.unify_schemas([schema_from_b64(parent["schema"]), row_schema])
-                rewriter = self._writer(run_id, sid, without(wide, ["run_id", "policy_bucket"]), self.options.target_file_bytes, tag="r", max_lanes=1)
-                affected = files_with_keys(self.store, parent, resurrected)
-                remove_files.update(f["path"] for f in affected)
-                copy_rows(self.store, self.options, affected, rewriter, hidden, rewriter.schema)
+            deleted = 0
+            if len(dkeys) and dt is not None:
+                rewriter = self._writer(run_id, sid, without(schema_doc, ["run_id", "policy_bucket"]), self.options.target_file_bytes, tag="d", max_lanes=1)
+                removed, deleted = self._delete_rows(dt, run_id, dkeys, rewriter)
                 rewritten = rewriter.finish()
-                remaining = pc.filter(watch, pc.invert(pc.is_in(watch, value_set=resurrected)))
-                remove_deletes = {d["path"] for d in (parent or {}).get("delete_files", [])}
-                if len(remaining):
-                    delete_entry = self.tombstones.write(run_id, sid, remaining)
-            elif len(dkeys):
-                delete_entry = self.tombstones.write(run_id, sid, dkeys)
-            schema_for_manifest = row_schema or (schema_from_b64(parent["schema"]) if parent and parent.get("schema") else with_run_id(ROLLOUT_SCHEMA))
-            committing = True  # from here on a failure may leave a manifest that landed: keep the files
-            manifest = self.log.commit(
-                run_id,
-                parent,
-                policy_bucket_size=self.policy_bucket_size,
-                operation="append",
-                add_files=entries + rewritten,
-                remove_files=remove_files,
-                add_deletes=[delete_entry] if delete_entry else [],
-                remove_deletes=remove_deletes,
-                schema=schema_for_manifest,
-                meta=meta,
-                extra={"added_rows": nrows, "deleted_keys_added": len(dkeys), "resurrected_keys": len(resurrected)},
-            )
+            doc = {
+                "run_id": run_id,
+                "snapshot_id": sid,
+                "commit_id": uuid.uuid4().hex,  # recognises this commit after a lost reply
+                "operation": "append",
+                "schema": schema_to_b64(schema_doc),
+                "meta": meta or {},
+                "summary": {"added_rows": nrows, "deleted_keys": len(dkeys), "deleted_rows": deleted,
+                            "added_files": len(entries) + len(rewritten), "removed_files": len(removed)},
+            }
+            adds = [_add(e, run_id, data_change=True) for e in entries + rewritten]
+            removes = [_remove(e, data_change=True) for e in removed]
+            committing = True  # from here on a failure may leave a commit that landed: keep the files
+            try:
+                new_dt, doc = self.delta.commit(
+                    dt, adds=adds, removes=removes, schema=schema_doc, doc=doc, txn=(run_id, sid),
+                    settings={"format": "lakebuffer.delta/1", "policy_bucket_size": self.policy_bucket_size},
+                )
+            except CommitFailedError as e:
+                committing = False
+                raise self._commit_failed(run_id, sid, e) from e
+            except LakeError:
+                landed = self._landed(run_id, sid, doc["commit_id"])  # a lost reply: did it land?
+                if landed is None:
+                    raise
+                new_dt, doc = landed
             mark_verified(self.store, entries + rewritten)  # checksummed from the bytes written
-            return manifest
+            return self._manifest(new_dt, run_id, sid, new_dt.version(), doc, new_dt)
         except BaseException as e:
-            if not committing:  # nothing references these files: try to remove them (gc gets the rest)
+            if not committing:  # nothing references these files: try to remove them (vacuum gets the rest)
                 for w in (writer, rewriter):
                     if w is not None:
                         w.abort()
-                if delete_entry is not None:
-                    self.store.remove_quietly([delete_entry["path"]])
+            if not committing and type(e) is LakeError:  # a storage error before the commit
+                raise LakeError(f"snapshot of run {run_id!r} to lake {self.url} failed, nothing was committed: {e}") from e
             if e is user_error or isinstance(e, (LakeBufferError, KeyboardInterrupt)):
                 raise
             raise LakeError(
                 f"snapshot of run {run_id!r} to lake {self.url} failed, nothing was committed: {type(e).__name__}: {e}"
             ) from e
+
+    def _landed(self, run_id: str, sid: int, commit_id: str) -> tuple[DeltaTable, dict] | None:
+        try:
+            dt = self.delta.table()
+            if dt is None:
+                return None
+            found = self.delta.run_commits(dt, run_id).get(sid)
+        except LakeBufferError:
+            return None
+        if found is None or found[1].get("commit_id") != commit_id:
+            return None
+        return dt, found[1]
+
+    def _commit_failed(self, run_id: str, sid: int, e: Exception) -> LakeBufferError:
+        dt = self.delta.table()
+        now_sid = dt.transaction_version(app_id(run_id)) if dt is not None else None
+        if now_sid is not None and now_sid >= sid:
+            holder = self.claims.holder(run_id) or {}
+            return LockedError(
+                f"snapshot {sid} of run {run_id!r} in lake {self.url} was committed by another writer at the same time "
+                f"({holder.get('path', '?')} on {holder.get('host', '?')}); nothing of this snapshot was committed. "
+                "One buffer writes a run: use a different run_id or close the other buffer"
+            )
+        return LakeError(
+            f"snapshot {sid} of run {run_id!r} conflicts with a concurrent commit to lake {self.url} ({e}); nothing "
+            "was committed and the snapshot is retried at the next one"
+        )
+
+    def _delete_rows(self, dt: DeltaTable, run_id: str, keys: pa.Array, rewriter: Writer) -> tuple[list[dict], int]:
+        """Copy-on-write delete of ``keys`` from the run's files of ``dt``: (files removed, rows dropped);
+        their surviving rows go to ``rewriter``."""
+        keys = pc.unique(keys)
+        lo, hi = pc.min_max(keys)["min"].as_py(), pc.min_max(keys)["max"].as_py()
+        removed: list[dict] = []
+        dropped = 0
+        for entry in entries_of(dt, run_id):
+            if not key_range_hit(entry, lo, hi):
+                continue
+            data = fetch(self.store, entry, verify=True)
+            pf = open_parquet(self.store, entry, data)
+            if not holds_any(pf, keys):
+                continue
+            for i in range(pf.metadata.num_row_groups):
+                t = read_group(self.store, entry, pf, i)
+                keep = pc.invert(pc.is_in(t.column("key"), value_set=keys))
+                survivors = t.filter(keep)
+                dropped += t.num_rows - survivors.num_rows
+                if survivors.num_rows:
+                    for b in cast_to(survivors, rewriter.schema).to_batches():
+                        rewriter.add(b)
+            removed.append(entry)
+        return removed, dropped
 
     # ---- compaction & gc ----------------------------------------------------------------
     def compact(
@@ -501,23 +686,21 @@ class Lake:
         *,
         small_file_fraction: float = 0.75,
     ) -> dict:
-        """Per partition, rewrite files smaller than ``small_file_fraction * target_file_bytes`` (when
-        there are two or more) and every file holding tombstoned rows into files of about
-        ``target_file_bytes``, then commit a manifest listing the new files instead of the replaced
-        ones and without the applied delete files. Nothing is deleted: readers pinned to the older
-        manifest keep reading it; ``gc`` removes replaced files after its grace period.
-        ``progress(bytes_done, bytes_total)`` is called as input bytes are rewritten."""
+        """Delta compaction: per partition, rewrite files smaller than ``small_file_fraction *
+        target_file_bytes`` (when there are two or more) into files of about ``target_file_bytes`` and
+        commit them with ``dataChange=false`` (content unchanged, no snapshot id). Nothing is deleted:
+        readers of older versions keep reading them; ``gc`` (vacuum) removes replaced files after its
+        grace period. ``progress(bytes_done, bytes_total)`` is called as input bytes are rewritten."""
         self._check_writable()
         return maintenance.compact(self, run_id, target_file_bytes, progress, small_file_fraction)
 
     def gc(self, older_than_s: float = 3600) -> int:
-        """Remove files no live snapshot needs: data and delete files referenced neither by the latest
-        manifest of their run nor by a manifest superseded less than ``older_than_s`` ago (readers may
-        still be pinned to it), and older than ``older_than_s`` themselves (so uploads in progress are
-        safe); also the expired manifests and, on S3, multipart uploads a crashed writer left behind.
-        Returns the number of objects removed (and uploads aborted)."""
+        """Delta vacuum (``full=True``): remove files no version younger than ``older_than_s`` needs and
+        files no commit lists (a crashed writer's) older than that; on S3 also abort multipart uploads a
+        crashed writer left behind. Returns the number of files removed and uploads aborted."""
         self._check_writable()
         return maintenance.gc(self, older_than_s)
 
     def __repr__(self) -> str:
         return f"Lake({self.url!r}{', read_only=True' if self.read_only else ''})"
+

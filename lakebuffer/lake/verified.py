@@ -3,11 +3,13 @@
 Every query path over the lake (``LakeView`` get/sample/scan/sql, the buffer's ``cold``/``lake``
 views) reads through a pyarrow dataset, and DuckDB decodes through it; neither has a checksum hook
 (a verifying pyarrow ``PyFileSystem`` deadlocked DuckDB's scan threads), so ``Lake.dataset`` checks
-every file it lists that this process has not checked yet against the manifest's block crc32s
-(sha256 without them). Files a writer just committed are marked verified from the bytes it wrote. Committed files are immutable (unique names, never rewritten in place), so a pass is
-remembered per (path, size, sha256) for the life of the process; on a local lake also per mtime
-(one ``stat`` per open), so a file changed behind the lake is checked again. Restore, commit and compaction
-read through ``BlockReader``, which checks every byte itself.
+every file it lists that this process has not checked yet against the sha256 in the file's name (Delta
+has no checksum field). Files a writer just committed are marked verified from the bytes it wrote.
+Committed files are immutable (content-addressed names, never rewritten in place), so a pass is
+remembered per (path, size, sha256) for the life of the process; on a local lake also per mtime (one
+``stat`` per open), so a file changed behind the lake is checked again; between the check and a later
+read, the Parquet page checksums (verified by the dataset's reader) still catch a flipped data page.
+Restore, deletes and compaction read through ``reader.FileReader``, which checks every byte itself.
 """
 
 from __future__ import annotations
@@ -46,8 +48,8 @@ def verify_entry(store: LakeFS, entry: dict) -> None:
         data = store.cat(entry["path"])
     except FileNotFoundError:
         raise CorruptionError(
-            f"lake file {url} listed in a committed manifest is missing; run `lakebuffer fsck` on the lake "
-            "and restore the file from a copy, or delete the run's affected snapshot"
+            f"lake file {url} listed in the Delta log is missing; run `lakebuffer fsck` on the lake "
+            "and restore the file from a copy of the lake"
         ) from None
     problem = check_whole(entry, data)
     if problem:

@@ -1,22 +1,28 @@
 """Streaming Parquet writer of a snapshot: ``Writer`` (partition by policy bucket, bounded pending
-memory) -> ``Lane`` (one encoder thread, one open file) -> ``PartFile`` (one data file) ->
-``UploadSink`` (checksums + background upload of the encoded bytes).
+memory) -> ``Lane`` (one encoder thread, one open file) -> ``PartFile`` (one data file, named by its
+sha256, with the Delta ``add`` statistics of its footer).
 
-Hand-written (moved as it was from ``lake.py``): pyarrow's ``ds.write_dataset`` cannot checksum the
-bytes as they are written (every file gets sha256 + per-block crc32 here, for verified reads) nor
-report per-file manifest entries; here encoding also runs on several lanes (it releases the GIL) and
-uploads overlap encoding. The Delta Lake issue replaces this module (delta-rs writes the files there).
+Why not delta-rs' writer (``write_deltalake``): it cannot put a checksum anywhere a reader finds it (Delta
+has no per-file checksum field and this deltalake has no ``tags`` on ``AddAction``), it writes no Parquet
+page checksums, and it peaked at 1.3-1.6 GB RSS streaming 375 MB where pyarrow stays near 0.7 GB (issue
+14). So files are encoded by pyarrow (zstd, page checksums, bounded row groups) and only *committed* by
+deltalake (``lake/delta.py``). The sha256 must be known before the name is, so a file is encoded in
+full before it gets its name: locally into a temporary file renamed at the end (no extra memory), on an
+object store into memory (``target_file_bytes`` per open file, at most ``encode_threads`` open plus two
+uploading) and uploaded with one ``fsspec`` ``pipe_file`` (s3fs sends large objects in multipart parts
+itself), on a background thread while encoding goes on.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import hashlib
 import itertools
+import json
 import os
-import queue
 import threading
-import zlib
+import uuid
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -28,13 +34,16 @@ import pyarrow.parquet as pq
 
 from ..errors import SchemaError
 from .fs import LakeFS
-from .layout import file_token, run_dir
+from .layout import data_name, file_token, run_dir
 from .options import LakeOptions
 from .rows import floor_buckets
 
+MAX_STAT_CHARS = 64  # longer strings get no min/max in the Delta stats (optional per column)
+
 
 def parquet_options(schema: pa.Schema) -> dict:
-    """ParquetWriter settings: zstd-1, dictionaries for strings but ``key``, stats on flat columns."""
+    """ParquetWriter settings: zstd-1, page checksums, dictionaries for strings but ``key``, stats on
+    flat columns."""
     dict_cols = [f.name for f in schema if (pa.types.is_string(f.type) or pa.types.is_large_string(f.type)) and f.name != "key"]
     stats_cols = [f.name for f in schema if not pa.types.is_nested(f.type)]
     return {
@@ -42,141 +51,96 @@ def parquet_options(schema: pa.Schema) -> dict:
         "compression_level": 1,
         "use_dictionary": dict_cols or False,
         "write_statistics": stats_cols or False,
+        "write_page_checksum": True,
         "store_schema": True,
     }
 
 
-class UploadSink:
-    """The file object ParquetWriter writes to: counts the bytes, hashes them (sha256 of the file and
-    crc32 per ``block_bytes`` block, so readers can verify ranges), coalesces them into large chunks
-    and hands those to a background thread that writes them to the real file (fsspec, local or
-    ``S3PartWriter``), so Parquet encoding overlaps the upload. ``finish`` commits, ``abort`` discards."""
-
-    def __init__(self, fobj: Any, *, chunk_bytes: int, block_bytes: int, fsync: bool = False) -> None:
-        self._f = fobj
-        self._chunk = chunk_bytes
-        self._fsync = fsync
-        self._hash = hashlib.sha256()
-        self.block_bytes = int(block_bytes)
-        self.block_crc32: list[int] = []
-        self._crc = 0
-        self._crc_len = 0
-        self._buf = bytearray()
-        self._q: queue.Queue = queue.Queue(maxsize=2)
-        self._err: BaseException | None = None
-        self._done = False
-        self.size = 0
-        self.closed = False
-        self._thread = threading.Thread(target=self._run, name="lakebuffer-upload", daemon=True)
-        self._thread.start()
-
-    def _checksum(self, chunk: bytearray) -> None:
-        self._hash.update(chunk)
-        view, i, n = memoryview(chunk), 0, len(chunk)
-        while i < n:
-            take = min(self.block_bytes - self._crc_len, n - i)
-            self._crc = zlib.crc32(view[i : i + take], self._crc)
-            self._crc_len += take
-            i += take
-            if self._crc_len == self.block_bytes:
-                self.block_crc32.append(self._crc)
-                self._crc, self._crc_len = 0, 0
-
-    def _run(self) -> None:
-        while True:
-            chunk = self._q.get()
-            if chunk is None:
-                return
-            if self._err is None:
-                try:
-                    self._checksum(chunk)
-                    self._f.write(chunk)
-                except BaseException as e:  # handed to the writing thread
-                    self._err = e
-
-    # the part of the file protocol pyarrow uses
-    def write(self, data: Any) -> int:
-        if self._err is not None:
-            raise self._err
-        view = memoryview(data)
-        self._buf += view
-        self.size += view.nbytes
-        if len(self._buf) >= self._chunk:
-            chunk, self._buf = self._buf, bytearray()
-            self._q.put(chunk)
-        return view.nbytes
-
-    def tell(self) -> int:
-        return self.size
-
-    def flush(self) -> None:
-        pass
-
-    def writable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return False
-
-    def close(self) -> None:  # called by the Parquet writer; finish() does the real work
-        self.closed = True
-
-    def _drain(self) -> None:
-        if not self._done:
-            self._done = True
-            self._q.put(None)
-            self._thread.join()
-
-    def finish(self) -> tuple[int, str]:
-        """Write the rest, commit the file; return (bytes, sha256 hex)."""
-        if self._buf and self._err is None:
-            chunk, self._buf = self._buf, bytearray()
-            self._q.put(chunk)
-        self._drain()
-        if self._err is not None:
-            raise self._err
-        if self._fsync:
-            self._f.flush()
-            os.fsync(self._f.fileno())
-        self._f.close()
-        if self._crc_len:
-            self.block_crc32.append(self._crc)
-            self._crc, self._crc_len = 0, 0
-        return self.size, self._hash.hexdigest()
-
-    def abort(self) -> None:
-        self._buf = bytearray()
-        self._drain()
-        discard = getattr(self._f, "discard", None)
-        with contextlib.suppress(Exception):
-            if discard is not None:
-                discard()
-                self._f.closed = True  # fsspec would try to upload the rest when collected
-            else:
-                self._f.close()
+def _stat_value(v: Any) -> Any:
+    if isinstance(v, datetime.datetime):
+        if v.tzinfo is not None:
+            v = v.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+        return v.isoformat(timespec="microseconds") + "Z"
+    if isinstance(v, datetime.date):
+        return v.isoformat()
+    if isinstance(v, str) and len(v) > MAX_STAT_CHARS:
+        return None
+    if isinstance(v, (bool, int, str)):
+        return v
+    return None  # floats (NaN is not ordered), bytes, decimals: no min/max, readers just do not prune
 
 
-def open_sink(store: LakeFS, options: LakeOptions, rel: str) -> UploadSink:
-    """An ``UploadSink`` writing the new data file ``rel`` (fsynced on a native local lake)."""
-    fobj = store.open_write(rel, part_bytes=options.upload_part_bytes, max_inflight=options.upload_concurrency)
-    return UploadSink(fobj, chunk_bytes=options.upload_chunk_bytes, block_bytes=options.block_bytes, fsync=store.native_local)
+def delta_stats(md: pq.FileMetaData, schema: pa.Schema) -> str:
+    """The Delta ``add.stats`` JSON (numRecords, minValues, maxValues, nullCount) of a written file,
+    from its Parquet footer, so Delta readers (and lakebuffer's delete rewrite) prune by ``key`` and
+    ``policy_version``. Nested columns get no entry (the Delta spec makes every entry optional)."""
+    flat = {f.name for f in schema if not pa.types.is_nested(f.type)}
+    lo: dict[str, Any] = {}
+    hi: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    bad: set[str] = set()
+    for i in range(md.num_row_groups):
+        rg = md.row_group(i)
+        for j in range(rg.num_columns):
+            c = rg.column(j)
+            name = c.path_in_schema
+            if name not in flat:
+                continue
+            s = c.statistics
+            if s is None or not s.has_null_count:
+                bad.add(name)
+                continue
+            nulls[name] = nulls.get(name, 0) + int(s.null_count)
+            if name in bad:
+                continue
+            if not s.has_min_max:
+                if s.null_count != rg.num_rows:
+                    bad.add(name)
+                continue
+            a, b = _stat_value(s.min), _stat_value(s.max)
+            if a is None or b is None:
+                bad.add(name)
+                continue
+            lo[name] = a if name not in lo else min(lo[name], a)
+            hi[name] = b if name not in hi else max(hi[name], b)
+    return json.dumps({
+        "numRecords": md.num_rows,
+        "minValues": {k: v for k, v in lo.items() if k not in bad},
+        "maxValues": {k: v for k, v in hi.items() if k not in bad},
+        "nullCount": {k: v for k, v in nulls.items() if k not in bad or k in nulls},
+    })
 
 
 class PartFile:
-    """One open Parquet data file being written."""
+    """One Parquet data file being written: encoded into a temporary local file or into memory, then
+    named ``part-<sid>-<n>-<token>-<sha256>.parquet`` and moved / uploaded there by ``commit``."""
 
-    def __init__(self, store: LakeFS, options: LakeOptions, rel: str, schema: pa.Schema, bucket: int, snapshot_id: int) -> None:
-        self.rel = rel
+    def __init__(self, store: LakeFS, options: LakeOptions, dir_rel: str, stem: tuple[int, int, str], schema: pa.Schema, bucket: int) -> None:
+        self.store = store
+        self.dir_rel = dir_rel
+        self.stem = stem  # (snapshot id, file number, token)
+        self.schema = schema
         self.bucket = bucket
-        self.snapshot_id = snapshot_id
         self.rows = 0
+        self.size = 0
         self.min_pv: int | None = None
         self.max_pv: int | None = None
-        self.sink = open_sink(store, options, rel)
+        self.tmp: str | None = None
+        self.buffer: pa.BufferOutputStream | None = None
+        if store.native_local:
+            d = store.abs(dir_rel)
+            os.makedirs(d, exist_ok=True)
+            sid, n, token = stem
+            # no leading dot: a crashed writer's temporary file is an orphan that vacuum removes
+            self.tmp = f"{d}/part-{sid:08d}-{n:04d}-{token}.parquet.tmp-{uuid.uuid4().hex[:8]}"
+            sink: Any = pa.OSFile(self.tmp, "wb")
+        else:
+            self.buffer = sink = pa.BufferOutputStream()
+        self.sink = sink
         try:
-            self.writer = pq.ParquetWriter(self.sink, schema, **parquet_options(schema))
+            self.writer = pq.ParquetWriter(sink, schema, **parquet_options(schema))
         except BaseException:
-            self.sink.abort()
+            self.abort()
             raise
 
     def write(self, table: pa.Table) -> None:
@@ -186,30 +150,60 @@ class PartFile:
         self.max_pv = hi if self.max_pv is None else max(self.max_pv, hi)
         self.writer.write_table(table, row_group_size=table.num_rows)
         self.rows += table.num_rows
+        self.size = self.sink.tell()
 
-    def close(self) -> dict:
+    def close_writer(self) -> None:
+        """Write the footer (on the encoding thread)."""
         self.writer.close()
-        return self.commit()
+        self.metadata = self.writer.writer.metadata
+        if self.buffer is None:
+            with contextlib.suppress(Exception):
+                self.sink.close()
+            self.size = os.path.getsize(self.tmp)
 
     def commit(self) -> dict:
-        """Wait for the upload of a closed file and commit it (runs off the encoding thread)."""
-        size, digest = self.sink.finish()
+        """Checksum, name and store the closed file; its entry (runs off the encoding thread)."""
+        sid, n, token = self.stem
+        if self.buffer is not None:
+            data = self.buffer.getvalue()
+            self.buffer = None
+            digest = hashlib.sha256(data).hexdigest()
+            rel = f"{self.dir_rel}/{data_name(sid, n, token, digest)}"
+            self.store.io(f"uploading {rel}", self.store.put_small, rel, data.to_pybytes())
+            nbytes = data.size
+        else:
+            h = hashlib.sha256()
+            with open(self.tmp, "rb+") as f:
+                while chunk := f.read(8 * 2**20):
+                    h.update(chunk)
+                os.fsync(f.fileno())
+            digest = h.hexdigest()
+            rel = f"{self.dir_rel}/{data_name(sid, n, token, digest)}"
+            os.replace(self.tmp, self.store.abs(rel))
+            self.tmp = None
+            nbytes = self.size
         return {
-            "path": self.rel,
+            "path": rel,
             "policy_bucket": self.bucket,
-            "snapshot_id": self.snapshot_id,
+            "snapshot_id": sid,
             "rows": self.rows,
-            "bytes": size,
+            "bytes": nbytes,
             "sha256": digest,
-            "blocks": {"bytes": self.sink.block_bytes, "crc32": self.sink.block_crc32},
             "min_policy_version": self.min_pv,
             "max_policy_version": self.max_pv,
+            "stats": delta_stats(self.metadata, self.schema),
         }
 
     def abort(self) -> None:
         with contextlib.suppress(Exception):
             self.writer.close()
-        self.sink.abort()
+        with contextlib.suppress(Exception):
+            self.sink.close()
+        self.buffer = None
+        if self.tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.tmp)
+            self.tmp = None
 
 
 class Lane:
@@ -231,10 +225,10 @@ class Lane:
     def _write(self, table: pa.Table) -> None:
         w = self.writer
         if self.file is None:
-            rel = f"{w.run_dir}/policy_bucket={self.bucket}/part-{w.snapshot_id:08d}-{next(w.counter):04d}-{w.token}.parquet"
-            self.file = PartFile(w.store, w.options, rel, w.schema, self.bucket, w.snapshot_id)
+            stem = (w.snapshot_id, next(w.counter), w.token)
+            self.file = PartFile(w.store, w.options, f"{w.run_dir}/policy_bucket={self.bucket}", stem, w.schema, self.bucket)
         self.file.write(table)
-        if self.file.sink.size >= w.target:
+        if self.file.size >= w.target:
             self._close()
 
     def _close(self) -> None:
@@ -242,9 +236,9 @@ class Lane:
         if f is None:
             return
         try:
-            f.writer.close()
+            f.close_writer()
         except BaseException:
-            f.sink.abort()
+            f.abort()
             raise
         self.writer.committing(f)
 
@@ -273,7 +267,8 @@ class Writer:
     is bounded across buckets, and full row groups go round-robin to ``encode_threads`` lanes per bucket
     (an encoder thread and an open file each: Parquet encoding is the CPU cost of a snapshot and
     releases the GIL). Files rotate at ``target_file_bytes``; a closed file finishes uploading in the
-    background while encoding goes on. ``finish`` returns the manifest entries of the written files;
+    background while encoding goes on. ``finish`` returns the entries (path, rows, bytes, sha256,
+    Delta stats) of the written files;
     ``abort`` discards them."""
 
     def __init__(
@@ -389,7 +384,7 @@ class Writer:
                 try:
                     self.entries.append(fut.result())
                 except BaseException:
-                    f.sink.abort()
+                    f.abort()
             self.closing.clear()
         self.closer.shutdown(wait=True)
         self.store.remove_quietly([e["path"] for e in self.entries])
