@@ -107,13 +107,14 @@ def main() -> None:
 
 
 def buffer_child(a: argparse.Namespace) -> None:
-    """lakebuffer itself: push, queue a background snapshot, read, and exit without ``close()``."""
+    """lakebuffer itself: push, queue a background snapshot, read, and exit without ``close()``
+    (on a lake of its own next to the bare deltalake table, whose partitioning is not lakebuffer's)."""
     import tempfile
 
     import lakebuffer as lb
     from tests.rollouts import make_rollouts
 
-    buf = lb.ReplayBuffer.open(tempfile.mkdtemp(prefix="exit-child-"), lake=a.uri, storage_options=json.loads(a.buffer) or None,
+    buf = lb.ReplayBuffer.open(tempfile.mkdtemp(prefix="exit-child-"), lake=a.uri.rstrip("/") + "-lakebuffer", storage_options=json.loads(a.buffer) or None,
                                run_id=f"exit-{uuid.uuid4().hex[:8]}", snapshot_interval_s=0.05, memory_limit_mb=8)
     buf.push(make_rollouts(64, tokens=32, seed=1))
     buf.snapshot(wait=True)

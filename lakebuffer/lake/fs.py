@@ -84,7 +84,14 @@ class LakeFS:
             self.pafs: pafs.FileSystem = pafs.LocalFileSystem() if filesystem is None else pafs.PyFileSystem(pafs.FSSpecHandler(self.fs))
         else:
             self.url = url.rstrip("/")
-            self.pafs = pafs.PyFileSystem(pafs.FSSpecHandler(self.fs))
+            if filesystem is None and protocol in ("s3", "s3a"):
+                # Arrow's own S3 client, not s3fs wrapped in a PyFileSystem: Arrow's IO threads then never
+                # own Python buffers, which is what aborted processes at exit (lake/runtime.py)
+                from .runtime import arrow_filesystem
+
+                self.pafs = arrow_filesystem(f"s3://{self.root}", self.storage_options)[0]
+            else:
+                self.pafs = pafs.PyFileSystem(pafs.FSSpecHandler(self.fs))
         self.native_local = self.local and filesystem is None
 
     # ---- paths --------------------------------------------------------------------------
