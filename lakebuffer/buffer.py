@@ -44,7 +44,7 @@ from .index import KeyIndex
 from .options import BufferOptions
 from .results import Snapshot
 from .schema import merge_schema, metadata_columns
-from .tiers import HotTier, WarmTier, WriteAheadLog
+from .tiers import HotTier, WarmTier, WriteAheadLog, warm_path
 
 log = logging.getLogger("lakebuffer")
 
@@ -141,7 +141,7 @@ class ReplayBuffer:
         self._state = s = BufferState(
             path=self.path, run_id=self.run_id, schema=self.schema, meta_columns=self.meta_columns,
             durability=o.durability, index=self.index, hot=HotTier(self.schema),
-            warm=WarmTier(self.path / "warm" / "rollouts.lance", self.schema),
+            warm=WarmTier(warm_path(self.path), self.schema, sync=o.sync),
             wal=WriteAheadLog(self.path / "wal", sync=o.sync), catalog=self._catalog, tasks=self.tasks,
         )
         self.hot, self.warm, self.wal, self._batches = s.hot, s.warm, s.wal, s.batches

@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from ..errors import CorruptionError
 from ..index import BatchInfo, KeyIndex, probe
-from ..tiers import WarmTier, WriteAheadLog
+from ..tiers import WarmTier, WriteAheadLog, has_fragments
 from .state import BufferState, with_batch
 from .writeback import WriteBack
 
@@ -41,9 +41,8 @@ QUARANTINE = "quarantine"
 
 def has_local_data(path: Path) -> bool:
     """Whether ``path`` holds warm fragments or WAL segments (rows only the index can place)."""
-    data = path / "warm" / "rollouts.lance" / "data"
     wal = path / "wal"
-    return (data.is_dir() and any(data.iterdir())) or (wal.is_dir() and any(wal.glob("*.arrow")))
+    return has_fragments(path) or (wal.is_dir() and any(wal.glob("*.arrow")))
 
 
 def refuse_damaged_index(path: Path) -> None:
@@ -132,6 +131,7 @@ def recover(s: BufferState, writeback: WriteBack) -> None:
         s.warm.drop_fragments(drop)
     s.index.clear_installs(s.index.pending_installs())
     s.wal.remove_torn()
+    s.warm.remove_torn()
     wal_ids = set(s.wal.ids())
     for bid, info in sorted(batches.items()):
         if info.tier == "warm":
