@@ -108,6 +108,59 @@ def stat_files(paths: list[Path]) -> None:
         os.stat(p)
 
 
+def ingest_trials(root: Path, mb: int, budget_mb: int, trials: int) -> dict:
+    """Process CPU per GB pushed (all threads, until ``flush()``) vs a raw Arrow IPC write of the same
+    batches, in interleaved trials (the order alternates), plus push p50/p99 and wall GB/s."""
+    tables = [t.drop_columns(["run_id", "key"]) for t in stream(mb << 20)]
+    gb = sum(t.nbytes for t in tables) / 2**30
+    out: dict[str, list] = {"buffer_cpu_s_per_gb": [], "raw_ipc_cpu_s_per_gb": [], "ratio": [], "push_p50_ms": [],
+                            "push_p99_ms": [], "buffer_wall_gbps": [], "raw_wall_gbps": []}
+
+    def raw(d: Path) -> tuple[float, float]:
+        d.mkdir(parents=True)
+        c, t0 = cpu(), time.perf_counter()
+        for i, t in enumerate(tables):
+            with pa.OSFile(str(d / f"{i}.arrow"), "wb") as f, pa.ipc.new_file(f, t.schema) as w:
+                w.write_table(t)
+        return cpu() - c, time.perf_counter() - t0
+
+    def pushed(d: Path) -> tuple[float, float, list[float]]:
+        b = ReplayBuffer.open(d, memory_limit_mb=budget_mb, snapshot_interval_s=None, run_id="bench")
+        lat = []
+        c, t0 = cpu(), time.perf_counter()
+        for t in tables:
+            t1 = time.perf_counter()
+            b.push(t)
+            lat.append(time.perf_counter() - t1)
+        b.flush()
+        used, wall = cpu() - c, time.perf_counter() - t0
+        b.close()
+        return used, wall, lat
+
+    for i in range(trials):
+        first_raw = i % 2 == 1
+        if first_raw:
+            rc, rw = raw(root / f"raw{i}")
+        bc, bw, lat = pushed(root / f"push{i}")
+        if not first_raw:
+            rc, rw = raw(root / f"raw{i}")
+        shutil.rmtree(root / f"raw{i}")
+        shutil.rmtree(root / f"push{i}")
+        x = np.array(lat) * 1e3
+        out["buffer_cpu_s_per_gb"].append(bc / gb)
+        out["raw_ipc_cpu_s_per_gb"].append(rc / gb)
+        out["ratio"].append(bc / rc)
+        out["push_p50_ms"].append(float(np.percentile(x, 50)))
+        out["push_p99_ms"].append(float(np.percentile(x, 99)))
+        out["buffer_wall_gbps"].append(gb / bw)
+        out["raw_wall_gbps"].append(gb / rw)
+        print(f"ingest trial {i}: cpu ratio {bc / rc:.2f}, push p50 {out['push_p50_ms'][-1]:.1f} p99 "
+              f"{out['push_p99_ms'][-1]:.1f} ms", flush=True)
+    res = {k: statistics.median(v) for k, v in out.items()}
+    res["push_p99_over_p50"] = res["push_p99_ms"] / res["push_p50_ms"]
+    return {"gb_per_trial": gb, "budget_mb": budget_mb, "trials": trials, "median": res, "all": out}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gb", type=float, default=2.0)
@@ -116,6 +169,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--dir", default=None)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--ingest-mb", type=int, default=512)
+    ap.add_argument("--ingest-trials", type=int, default=5)
+    ap.add_argument("--skip-get", action="store_true")
     a = ap.parse_args()
     root = Path(a.dir or tempfile.mkdtemp(prefix="warm-get-"))
     shutil.rmtree(root, ignore_errors=True)
@@ -133,8 +189,7 @@ def main() -> None:
     res["buffer_ingest"] = {"gb": nbytes / 2**30, "wall_s": time.perf_counter() - t0, "cpu_s_per_gb": (cpu() - c0) / (nbytes / 2**30)}
     keys = pa.concat_arrays(keys).to_numpy(zero_copy_only=False)
     s = buf._state
-    ds_a = s.warm.dataset
-    frags = sorted(f.fragment_id for f in ds_a.get_fragments())
+    frags = s.warm.fragment_ids()
     res["fragments"] = len(frags)
     print(f"built buffer: {nbytes / 2**30:.2f} GB, {len(frags)} warm fragments, {res['buffer_ingest']}", flush=True)
 
@@ -142,10 +197,11 @@ def main() -> None:
     d21, dipc, dmerged = root / "l21.lance", root / "ipc", root / "ipc8"
     ipc_wal, merged_wal = WriteAheadLog(dipc), WriteAheadLog(dmerged)
     map21: dict[int, int] = {}
+    map20: dict[int, int] = {}
     merged_paths: dict[int, Path] = {}
     merged_first: dict[int, int] = {}
     write_cpu = {"lance20": 0.0, "lance21": 0.0, "ipc": 0.0}
-    ds21 = None
+    ds21 = ds20 = None
     group: list[tuple[int, pa.Table]] = []
 
     def flush_group() -> None:
@@ -157,18 +213,19 @@ def main() -> None:
         merged_wal.write(gid, pa.concat_tables([t for _, t in group]).combine_chunks())
         group.clear()
 
-    tmp20 = root / "l20-rewrite.lance"
+    d20 = root / "l20.lance"
     for f in frags:
-        t = ds_a.get_fragment(f).to_table()
+        t = s.warm.mapped(f).table
         c = cpu()
         ds21 = lance.write_dataset(t, str(d21), mode="append" if ds21 else "create", max_rows_per_file=t.num_rows,
                                    data_storage_version="2.1")
         write_cpu["lance21"] += cpu() - c
         map21[f] = max(x.fragment_id for x in ds21.get_fragments())
         c = cpu()
-        lance.write_dataset(t, str(tmp20), mode="append" if tmp20.exists() else "create", max_rows_per_file=t.num_rows,
-                            data_storage_version="2.0")
+        ds20 = lance.write_dataset(t, str(d20), mode="append" if ds20 else "create", max_rows_per_file=t.num_rows,
+                                   data_storage_version="2.0")
         write_cpu["lance20"] += cpu() - c
+        map20[f] = max(x.fragment_id for x in ds20.get_fragments())
         c = cpu()
         ipc_wal.write(f, t)  # exactly what the WAL writes on push (IPC + CRC32C footer)
         write_cpu["ipc"] += cpu() - c
@@ -177,19 +234,19 @@ def main() -> None:
             flush_group()
     if group:
         flush_group()
-    shutil.rmtree(tmp20)
     res["write_cpu_s_per_gb"] = {k: v / (nbytes / 2**30) for k, v in write_cpu.items()}
     print("write cpu s/GB", res["write_cpu_s_per_gb"], flush=True)
 
     ds21 = lance.dataset(str(d21), session=lance.Session(metadata_cache_size_bytes=CACHE, index_cache_size_bytes=1 << 20))
-    ds20 = lance.dataset(str(s.warm.path), session=lance.Session(metadata_cache_size_bytes=CACHE, index_cache_size_bytes=1 << 20))
+    ds20 = lance.dataset(str(d20), session=lance.Session(metadata_cache_size_bytes=CACHE, index_cache_size_bytes=1 << 20))
     ipc = IpcFiles({f: ipc_wal.segment_path(f) for f in frags})
     merged = IpcFiles(merged_paths, merged_first)
-    lance_files = {f: [s.warm.path / "data" / d.path for d in ds_a.get_fragment(f).data_files()] for f in frags}
+    lance_files = {f: [d20 / "data" / d.path for d in ds20.get_fragment(map20[f]).data_files()] for f in frags}
     l21_files = {f: [d21 / "data" / d.path for d in ds21.get_fragment(map21[f]).data_files()] for f in frags}
     m21 = np.zeros(max(frags) + 1, np.int64)
-    for f, g in map21.items():
-        m21[f] = g
+    m20 = np.zeros(max(frags) + 1, np.int64)
+    for f in frags:
+        m21[f], m20[f] = map21[f], map20[f]
 
     def locate(ks: list[str]) -> Location:
         """reads.get's index step: RocksDB multi-get, then batch -> (fragment, offset)."""
@@ -206,7 +263,7 @@ def main() -> None:
     def v_lance20(ks: list[str]) -> pa.Table:
         w = locate(ks)
         stat_files([p for f in np.unique(w.part).tolist() for p in lance_files[f]])
-        return lance_take(ds20, w, COLS)
+        return lance_take(ds20, Location(m20[w.part], w.row), COLS)
 
     def v_lance21(ks: list[str]) -> pa.Table:
         w = locate(ks)
@@ -234,7 +291,7 @@ def main() -> None:
     def v_lookup(ks: list[str]) -> None:
         locate(ks)
 
-    variants: dict[str, Callable] = {"a_today_buffer_get": v_today, "a_lance20": v_lance20, "b_lance21": v_lance21,
+    variants: dict[str, Callable] = {"buffer_get": v_today, "a_lance20": v_lance20, "b_lance21": v_lance21,
                                      "c_ipc_per_fragment": v_ipc, "d_ipc_8_fragments_per_file": v_ipc8,
                                      "ref_ipc_take": v_ref, "ref_ipc_pyarrow_take_per_file": v_ref_pyarrow, "index_lookup_only": v_lookup}
     rng = np.random.default_rng(17)
@@ -274,8 +331,10 @@ def main() -> None:
     for n in names:
         out[n]["p50_vs_ref_ipc_take"] = out[n]["p50_ms"] / ref
     res["get"] = out
-    res["load_at_end"] = os.getloadavg()
     buf.close()
+    if a.ingest_trials:
+        res["ingest"] = ingest_trials(root, a.ingest_mb, max(a.budget_mb // 4, 16), a.ingest_trials)
+    res["load_at_end"] = os.getloadavg()
     print(json.dumps(res, indent=1))
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=1) + "\n")

@@ -47,7 +47,7 @@ import pyarrow.dataset as pds
 from crc32c import crc32c
 
 from ..errors import CorruptionError, LakeBufferError, StorageError, error_boundary
-from .base import Location, Staged
+from .base import Location, Staged, gather
 from .checksum import repair_hint
 from .wal import _FOOTER, _MAGIC, WriteAheadLog
 
@@ -69,7 +69,7 @@ def has_fragments(buffer_dir: Path) -> bool:
     return d.is_dir() and any(p.suffix == ".arrow" for p in d.iterdir())
 
 
-def _signature(path: Path) -> tuple[int, int] | None:
+def _signature(path: Path | str) -> tuple[int, int] | None:
     """(size, mtime): what must stay the same for a verified fragment to stay verified."""
     try:
         st = os.stat(path)
@@ -144,6 +144,7 @@ class WarmTier:
         self.path = Path(path)
         self.schema = schema
         self._sync = sync
+        self._dir = str(self.path)
         if (self.path / "rollouts.lance").exists():
             raise StorageError(f"{self.path.parent} holds a Lance warm tier (lakebuffer before issue 17): open a new "
                                "directory with the same lake and run_id to restore the run from its lake")
@@ -273,8 +274,10 @@ class WarmTier:
 
     def mapped(self, f: int) -> _Mapped:
         """Fragment ``f`` mapped and verified (one ``stat`` when it already is)."""
-        f = int(f)
-        sig = _signature(self.file_of(f))
+        return self._mapped(int(f))
+
+    def _mapped(self, f: int) -> _Mapped:
+        sig = _signature(f"{self._dir}/{f:016d}.arrow")  # a str path: pathlib costs more than the stat
         with self._maps_lock:
             m = self._maps.get(f)
             if m is not None and m.sig == sig and (not self.verify_reads or self._verified.get(f) == sig):
@@ -292,39 +295,22 @@ class WarmTier:
         """Rows by (fragment, position), in the order given, with only ``columns``.
 
         Each asked row is a zero-copy one-row slice of its mapped fragment; one native concat per
-        column joins them (a pyarrow ``take`` per fragment costs ~30x more at 256 random rows).
+        column joins them (``base.gather``; a pyarrow ``take`` per fragment costs ~20x more at 256
+        random rows, measured by ``benchmarks/warm_get.py``).
         """
         columns = list(columns)
         schema = pa.schema([self.schema.field(c) for c in columns])
         if len(where) == 0:
             return schema.empty_table()
         uniq, inv = np.unique(where.part, return_inverse=True)
-        maps = [self.mapped(f) for f in uniq.tolist()]
+        maps = [self._mapped(f) for f in uniq.tolist()]
         rows = where.row.astype(np.int64)
         n_rows = np.array([m.starts[-1] for m in maps], np.int64)
         if (rows < 0).any() or (rows >= n_rows[inv]).any():
             bad = int(uniq[inv[np.flatnonzero((rows < 0) | (rows >= n_rows[inv]))[0]]])
             raise CorruptionError(f"warm fragment {bad} ({self.file_of(bad)}) has fewer rows than the index says; "
                                   f"{repair_hint(self.buffer_dir)}")
-        if all(len(m.batches) == 1 for m in maps):
-            chunk, local = inv, rows
-        else:  # fragments of several record batches: which batch, which row in it (vectorised)
-            base = np.zeros(len(maps) + 1, np.int64)
-            np.cumsum([len(m.batches) for m in maps], out=base[1:])
-            starts = np.concatenate([m.starts[:-1] for m in maps])
-            frag_of_chunk = np.repeat(np.arange(len(maps)), np.diff(base))
-            order = np.lexsort((starts, frag_of_chunk))
-            keyed = frag_of_chunk[order] * (1 << 40) + starts[order]
-            chunk = order[np.searchsorted(keyed, inv * (1 << 40) + rows, side="right") - 1]
-            local = rows - starts[chunk]
-        batches = [b for m in maps for b in m.batches]
-        pairs = list(zip(chunk.tolist(), local.tolist()))
-        out = []
-        for c in columns:
-            i = self.schema.get_field_index(c)
-            arrays = [b.column(i) for b in batches]
-            out.append(pa.concat_arrays([arrays[k].slice(r, 1) for k, r in pairs]))
-        return pa.Table.from_arrays(out, schema=schema)
+        return gather([m.table for m in maps], inv, rows, columns)
 
     def arrow_source(self) -> pds.Dataset:
         """The published fragments for DuckDB; a scan verifies them first (see the module)."""
