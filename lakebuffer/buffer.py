@@ -2,7 +2,7 @@
 
 Data flows one way, push -> hot -> warm -> cold; reads see every tier. The parts:
 
-* ``tiers/``: ``HotTier`` (RAM), ``WarmTier`` (local Lance), the WAL; ``index.KeyIndex`` (RocksDB).
+* ``tiers/``: ``HotTier`` (RAM), ``WarmTier`` (memory-mapped Arrow IPC fragments), the WAL; ``index.KeyIndex`` (RocksDB).
 * ``catalog.Catalog`` (DuckDB): views over the tiers, ``meta``, and the replay counts.
 * ``engine/``: ``budget`` (RAM), ``ingest`` (push), ``writeback`` (eviction and the one
   install-fragment path), ``reads`` (get/scan), ``deletes``, ``recovery``, ``snapshots`` (the lake),

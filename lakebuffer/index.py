@@ -46,7 +46,7 @@ _F64 = struct.Struct(">d")
 @dataclass
 class BatchInfo:
     batch_id: int
-    tier: str  # "hot" (RAM, and the WAL in wal mode) or "warm" (a Lance fragment)
+    tier: str  # "hot" (RAM, and the WAL in wal mode) or "warm" (an Arrow IPC fragment file)
     rows: int
     fragment: int | None = None
     offset: int = 0  # first row of this batch inside its fragment (small batches share one)

@@ -17,6 +17,7 @@ from ..catalog import stream
 from ..errors import KeyNotFoundError, QueryError
 from ..schema import key_list, projection
 from ..tiers import Location
+from ..tiers.base import gather
 from .state import BufferState
 
 
@@ -60,20 +61,15 @@ def get(s: BufferState, keys: Sequence[str] | pa.Array, columns: Sequence[str] |
 def _in_order(parts: list[pa.Table], order: list[np.ndarray], schema: pa.Schema) -> pa.Table:
     """Rows of ``parts`` put back in the caller's order (``order[i][j]``: where row j of part i goes).
 
-    One zero-copy one-row slice per row and one native concat per column: a pyarrow ``take`` of
-    list columns costs ~10x more at 256 rows (measured, issue 17). One part is already in order.
+    ``tiers.gather`` (zero-copy slices, one concat per column): a pyarrow ``take`` of list columns
+    costs ~10x more at 256 rows (measured, issue 17). One part is already in order.
     """
     if len(parts) == 1:
         return parts[0]
     src = np.concatenate([np.full(len(o), i, np.int64) for i, o in enumerate(order)])
     row = np.concatenate([np.arange(len(o), dtype=np.int64) for o in order])
     dest = np.argsort(np.concatenate(order))
-    pairs = list(zip(src[dest].tolist(), row[dest].tolist()))
-    cols = []
-    for c in schema.names:
-        arrays = [p.column(c).combine_chunks() for p in parts]
-        cols.append(pa.concat_arrays([arrays[i].slice(r, 1) for i, r in pairs]))
-    return pa.Table.from_arrays(cols, schema=schema)
+    return gather(parts, src[dest], row[dest], schema.names)
 
 
 def read_batch(s: BufferState, bid: int) -> pa.Table | None:

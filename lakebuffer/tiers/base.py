@@ -64,11 +64,11 @@ def gather(tables: Sequence[pa.Table], which: np.ndarray, row: np.ndarray, colum
     which = np.asarray(which, np.int64)
     row = np.asarray(row, np.int64)
     if all(t.num_columns and t.column(0).num_chunks == 1 for t in tables):  # the usual case: one chunk each
-        pairs = list(zip(which.tolist(), row.tolist()))
+        runs = _runs(which, row)
         out = []
         for c in columns:
             arrays = [t.column(c).chunk(0) for t in tables]
-            out.append(pa.concat_arrays([arrays[k].slice(r, 1) for k, r in pairs]) if pairs else arrays[0].slice(0, 0))
+            out.append(pa.concat_arrays([arrays[k].slice(r, n) for k, r, n in runs]) if runs else arrays[0].slice(0, 0))
         return pa.Table.from_arrays(out, schema=pa.schema([tables[0].schema.field(c) for c in columns]))
     batches: list[pa.RecordBatch] = []
     starts: list[np.ndarray] = []
@@ -85,12 +85,23 @@ def gather(tables: Sequence[pa.Table], which: np.ndarray, row: np.ndarray, colum
         chunk = np.searchsorted(keyed, which * (1 << 40) + row, side="right") - 1
         chunk = np.maximum(chunk, first[which])
         local = row - allstarts[chunk]
-    pairs = list(zip(chunk.tolist(), local.tolist()))
+    runs = _runs(chunk, local)
     out = []
     for i in range(len(columns)):
         arrays = [b.column(i) for b in batches]
-        out.append(pa.concat_arrays([arrays[k].slice(r, 1) for k, r in pairs]) if pairs else arrays[0].slice(0, 0))
+        out.append(pa.concat_arrays([arrays[k].slice(r, n) for k, r, n in runs]) if runs else arrays[0].slice(0, 0))
     return pa.Table.from_arrays(out, schema=batches[0].schema)
+
+
+def _runs(chunk: np.ndarray, row: np.ndarray) -> list[tuple[int, int, int]]:
+    """(chunk, first row, length) of each run of consecutive rows of one chunk: a whole batch read in
+    order (a snapshot) is one slice, 256 random rows are 256."""
+    if len(row) == 0:
+        return []
+    brk = np.flatnonzero((np.diff(chunk) != 0) | (np.diff(row) != 1)) + 1
+    first = np.concatenate([[0], brk])
+    lengths = np.diff(np.concatenate([first, [len(row)]]))
+    return list(zip(chunk[first].tolist(), row[first].tolist(), lengths.tolist()))
 
 
 @dataclass(frozen=True)
