@@ -333,7 +333,7 @@ def main() -> None:
     res["get"] = out
     buf.close()
     if a.ingest_trials:
-        res["ingest"] = ingest_trials(root, a.ingest_mb, max(a.budget_mb // 4, 16), a.ingest_trials)
+        res["ingest"] = ingest_trials(root, a.ingest_mb, a.budget_mb, a.ingest_trials)
     res["load_at_end"] = os.getloadavg()
     print(json.dumps(res, indent=1))
     if a.out:
