@@ -25,6 +25,8 @@ def get(s: BufferState, keys: Sequence[str] | pa.Array, columns: Sequence[str] |
     """Rows for ``keys`` in the order given, with only ``columns`` read (all if None)."""
     keys = key_list(keys)
     cols, fetch = projection(s.schema, columns)
+    if cols and "sample_count" not in cols:
+        fetch = cols  # rows come back by position; ``key`` is read only to join live replay counts
     out_schema = pa.schema([s.schema.field(c) for c in fetch])
     if not keys:
         return pa.schema([s.schema.field(c) for c in cols]).empty_table()

@@ -164,7 +164,7 @@ class WriteBack:
             held = 0 if segment else self.budget.hold_encoding(sum(table_bytes(t) for t in tables))
         try:
             if segment is not None:
-                staged = s.warm.adopt(segment, tables[0].num_rows)
+                staged = s.warm.adopt(segment, tables[0].num_rows, s.wal.written.get(batch_ids[0]))
             else:
                 staged = s.warm.stage(pa.concat_tables(tables) if len(tables) > 1 else tables[0])
         except BaseException:

@@ -15,7 +15,7 @@ promotes a pushed batch by hard-linking its segment into the tier (``adopt``): e
 once on ingest. A fragment holds whole rows, keys and metadata included, so fsck can rebuild the index
 from the files alone.
 
-Reads: ``take`` maps each fragment once (an LRU of open maps; pages are the page cache's, not the
+Reads: ``take`` maps each fragment once (at most ``MAX_OPEN_MAPS`` open, oldest dropped first; pages are the page cache's, not the
 process's anonymous memory) and gathers the asked rows as one-row zero-copy slices joined by one
 native concat per column. ``arrow_source`` is a pyarrow dataset over the same maps for DuckDB.
 
@@ -34,7 +34,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,7 +150,7 @@ class WarmTier:
         self._writer: WriteAheadLog | None = None  # created on the first write: fsck only reads
         self._lock = threading.Lock()  # writers (stage, delete, drop)
         self._maps_lock = threading.Lock()
-        self._maps: OrderedDict[int, _Mapped] = OrderedDict()
+        self._maps: dict[int, _Mapped] = {}
         self._verified: dict[int, tuple[int, int]] = {}  # fragment -> signature when it last passed
         self._counts: dict[int, tuple[int, int, int]] = {}  # fragment -> (rows, live rows, bytes)
         self._published: set[int] = set(self._ids_on_disk())
@@ -200,11 +199,13 @@ class WarmTier:
         self._files.write(f, table)  # tmp + CRC32C footer + rename: a torn write never looks like a fragment
         return self._entered(f, table.num_rows)
 
-    def adopt(self, segment: Path, rows: int) -> Staged:
+    def adopt(self, segment: Path, rows: int, checked: tuple[int, int] | None = None) -> Staged:
         """Promote a WAL segment to a new fragment by a hard link: the batch's bytes are not written again.
 
-        The segment is checked once here (in the write-back thread, from the page cache), so reads of
-        the new fragment start verified; the WAL's own name is removed by the caller afterwards.
+        ``checked`` is the (size, mtime) the segment had when this process wrote it and took its CRC32C
+        from the bytes on disk (``WriteAheadLog.written``): while the file still has it, the fragment
+        starts out verified, as one this tier wrote does. Otherwise it is checked here, in the
+        write-back thread. The WAL's own name is removed by the caller afterwards.
         """
         f = self._new_id()
         target = self.file_of(f)
@@ -217,7 +218,8 @@ class WarmTier:
             finally:
                 os.close(fd)
         try:
-            self._verify_file(f, force=True)
+            if checked is None or _signature(target) != checked:
+                self._verify_file(f, force=True)
         except BaseException:
             target.unlink(missing_ok=True)
             raise
@@ -278,17 +280,14 @@ class WarmTier:
 
     def _mapped(self, f: int) -> _Mapped:
         sig = _signature(f"{self._dir}/{f:016d}.arrow")  # a str path: pathlib costs more than the stat
-        with self._maps_lock:
-            m = self._maps.get(f)
-            if m is not None and m.sig == sig and (not self.verify_reads or self._verified.get(f) == sig):
-                self._maps.move_to_end(f)
-                return m
+        m = self._maps.get(f)  # lock-free read (a dict get is atomic); writers below hold the lock
+        if m is not None and m.sig == sig and (not self.verify_reads or self._verified.get(f) == sig):
+            return m
         m = self._verify_file(f)
         with self._maps_lock:
             self._maps[f] = m
-            self._maps.move_to_end(f)
-            while len(self._maps) > MAX_OPEN_MAPS:
-                self._maps.popitem(last=False)
+            while len(self._maps) > MAX_OPEN_MAPS:  # the oldest mapped goes first (unmapped when unused)
+                self._maps.pop(next(iter(self._maps)))
         return m
 
     def take(self, where: Location, columns: Sequence[str]) -> pa.Table:
