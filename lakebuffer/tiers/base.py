@@ -52,22 +52,25 @@ class Location:
         return len(self.row)
 
 
-def gather(tables: Sequence[pa.Table], which: np.ndarray, row: np.ndarray, columns: Sequence[str]) -> pa.Table:
+def gather(tables: Sequence[pa.Table | pa.RecordBatch], which: np.ndarray, row: np.ndarray,
+           columns: Sequence[str]) -> pa.Table:
     """Row ``row[i]`` of ``tables[which[i]]`` for every i, with only ``columns``, in that order.
 
     Each row is a zero-copy one-row slice and each column one native concat: a pyarrow ``take``
     over several tables first concatenates them whole, and even on one table it costs ~10-30x
-    more for list columns at a few hundred random rows (measured, issue 17). Tables may have
-    several chunks; which chunk holds a row is found vectorised.
+    more for list columns at a few hundred random rows (measured, issue 17). Record batches take
+    the short path; tables may have several chunks, and which one holds a row is found vectorised.
     """
     columns = list(columns)
     which = np.asarray(which, np.int64)
     row = np.asarray(row, np.int64)
-    if all(t.num_columns and t.column(0).num_chunks == 1 for t in tables):  # the usual case: one chunk each
+    if tables and all(isinstance(t, pa.RecordBatch) for t in tables):  # the usual case: one batch each
         runs = _runs(which, row)
+        names = tables[0].schema.names
         out = []
         for c in columns:
-            arrays = [t.column(c).chunk(0) for t in tables]
+            i = names.index(c)
+            arrays = [t.column(i) for t in tables]
             out.append(pa.concat_arrays([arrays[k].slice(r, n) for k, r, n in runs]) if runs else arrays[0].slice(0, 0))
         return pa.Table.from_arrays(out, schema=pa.schema([tables[0].schema.field(c) for c in columns]))
     batches: list[pa.RecordBatch] = []

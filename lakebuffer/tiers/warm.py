@@ -309,7 +309,8 @@ class WarmTier:
             bad = int(uniq[inv[np.flatnonzero((rows < 0) | (rows >= n_rows[inv]))[0]]])
             raise CorruptionError(f"warm fragment {bad} ({self.file_of(bad)}) has fewer rows than the index says; "
                                   f"{repair_hint(self.buffer_dir)}")
-        return gather([m.table for m in maps], inv, rows, columns)
+        single = all(len(m.batches) == 1 for m in maps)
+        return gather([m.batches[0] for m in maps] if single else [m.table for m in maps], inv, rows, columns)
 
     def arrow_source(self) -> pds.Dataset:
         """The published fragments for DuckDB; a scan verifies them first (see the module)."""
