@@ -171,6 +171,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--ingest-mb", type=int, default=512)
     ap.add_argument("--ingest-trials", type=int, default=5)
+    ap.add_argument("--prefill", action="store_true", help="prefill the buffer's fragment maps at write-back")
     ap.add_argument("--merged", action="store_true", help="also (d): IPC files of 8 fragments each")
     a = ap.parse_args()
     root = Path(a.dir or tempfile.mkdtemp(prefix="warm-get-"))
@@ -180,6 +181,7 @@ def main() -> None:
 
     # --- (a) the real buffer, today's warm tier -------------------------------------------------
     buf = ReplayBuffer.open(root / "buf", memory_limit_mb=a.budget_mb, snapshot_interval_s=None, run_id="bench")
+    buf.warm.prefill_maps = a.prefill
     c0, t0, nbytes, keys = cpu(), time.perf_counter(), 0, []
     for t in stream(int(a.gb * 2**30)):
         keys.append(buf.push(t.drop_columns(["run_id", "key"])))

@@ -15,14 +15,18 @@ promotes a pushed batch by hard-linking its segment into the tier (``adopt``): e
 once on ingest. A fragment holds whole rows, keys and metadata included, so fsck can rebuild the index
 from the files alone.
 
-Reads: ``take`` maps each fragment once (at most ``MAX_OPEN_MAPS`` open, oldest dropped first; pages are the page cache's, not the
-process's anonymous memory) and gathers the asked rows as one-row zero-copy slices joined by one
-native concat per column. ``arrow_source`` is a pyarrow dataset over the same maps for DuckDB.
+Reads: ``take`` maps each fragment once (at most ``MAX_OPEN_MAPS`` open, oldest dropped first;
+pages are the page cache's, not the process's anonymous memory) and gathers the asked rows as
+one-row zero-copy slices joined by one native concat per column (``base.gather``). Pages fault in as
+rows are read; ``PREFILL_MAPS`` trades total RSS for first-read latency (see there).
+``arrow_source`` is a pyarrow dataset over the same maps for DuckDB.
 
 Integrity (issue 15, guarantee 2: reads never return data failing its checksum): a fragment is
 checked against its own CRC32C footer the first time this process reads it (``take``, or a DuckDB
 scan when it starts), and stays verified while its file keeps its (size, mtime); a changed file is
-checked again. A fragment this process wrote or adopted is checked once when it enters the tier.
+checked again. A fragment this process wrote starts verified (its CRC32C was taken from the bytes
+on disk), and so does an adopted WAL segment unchanged since this process wrote it; any other is
+checked when adopted.
 A fragment that fails raises ``CorruptionError`` naming the file and the fix, every time it is read.
 
 Deletes rewrite the fragment's ``key`` column with the row slots kept (so row positions, which the
@@ -79,29 +83,36 @@ def _signature(path: Path | str) -> tuple[int, int] | None:
 
 
 #: ``madvise(MADV_POPULATE_READ)`` (Linux 5.14+; Python 3.11's ``mmap`` lacks the name): fill a new
-#: map's page tables from the page cache in one call, so reads of random rows take no page faults
+#: map's page tables from the page cache in one call
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
+#: Prefill a fragment's map when write-back creates it, off by default. Measured (issue 17, 200 MB
+#: under a 16 MB budget on the loaded machine): `get` of 256 random rows 3-6 ms with it against
+#: ~30 ms without, as mapped pages stay in the page cache; but every prefilled page counts in the
+#: process's total RSS (file-backed, reclaimable), which the budget tests of #5/#7 bound: pushing
+#: 10x a 64 MB budget grew total RSS by 675 MB with it.
+PREFILL_MAPS = False
 
 
-def _map(path: Path | str, populate: bool) -> pa.Buffer:
-    """The whole file as a zero-copy Arrow buffer over a read-only map (page tables prefilled if asked).
-
-    Measured (issue 17): 256 random rows from fragments mapped but not yet touched cost 5-25x the
-    same rows once touched (a fault per page, and pages the page cache had dropped come from disk).
-    Prefilling moves that cost to where the fragment is mapped, but reads the whole file: so only
-    when the whole file is read anyway (just written by write-back, or checked against its
-    checksum). Pages are the page cache's (``RssFile``), not anonymous memory: the RAM budget holds.
+def _map(path: Path | str, populate: bool, checksum: bool) -> tuple[pa.Buffer, int | None]:
+    """The whole file as a zero-copy Arrow buffer over a read-only map, and the CRC32C of all but its
+    8-byte footer if asked. The checksum reads through a second, short-lived map of the same open
+    file, so checking a fragment does not leave all its pages mapped (in RSS) for the process's life.
     """
     with open(path, "rb") as fh:
-        if os.fstat(fh.fileno()).st_size == 0:
-            return pa.py_buffer(b"")
+        size = os.fstat(fh.fileno()).st_size
+        if size == 0:
+            return pa.py_buffer(b""), None
         mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        crc = None
+        if checksum and size >= _FOOTER.size:
+            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as tmp, memoryview(tmp) as view:
+                crc = crc32c(view[: size - _FOOTER.size])
     if populate:
         try:
             mm.madvise(_MADV_POPULATE_READ)
         except OSError:  # an older kernel: pages fault in on first touch instead
             pass
-    return pa.py_buffer(mm)
+    return pa.py_buffer(mm), crc
 
 
 @dataclass
@@ -186,6 +197,7 @@ class WarmTier:
         #: read-path verification on (the default, guarantee 3 of DESIGN.md); the benchmark switches it
         #: off only to measure what it costs (``lakebuffer bench --scenario verification``)
         self.verify_reads = True
+        self.prefill_maps = PREFILL_MAPS
 
     @property
     def buffer_dir(self) -> Path:
@@ -259,7 +271,7 @@ class WarmTier:
             self._verified[f] = sig  # the writer's CRC32C was taken from the bytes on disk
         nbytes = sig[0] if sig else 0
         self._counts[f] = (rows, rows, nbytes)
-        if sig is not None:
+        if sig is not None and self.prefill_maps:
             self._mapped(f, fresh=True)  # map it here (write-back's thread), not in the first reader's
         return Staged(part=f, rows=rows, nbytes=nbytes, files=(path.name,), checksum=None, handle=f)
 
@@ -281,7 +293,7 @@ class WarmTier:
             raise CorruptionError(f"warm fragment {f}: file {path} is missing; {repair_hint(self.buffer_dir)}")
         check = force or (self.verify_reads and self._verified.get(f) != sig)
         try:
-            buf = _map(path, populate=fresh or check)
+            buf, crc = _map(path, populate=fresh and self.prefill_maps, checksum=check)
         except (OSError, ValueError) as e:
             raise CorruptionError(f"warm fragment {f}: cannot map {path} ({e}); {repair_hint(self.buffer_dir)}") from e
         n = buf.size
@@ -291,7 +303,7 @@ class WarmTier:
         want, _ = _FOOTER.unpack(buf[n - _FOOTER.size :].to_pybytes())
         body = buf.slice(0, n - _FOOTER.size)
         if check:
-            if crc32c(memoryview(body)) != want:
+            if crc != want:
                 raise CorruptionError(f"warm fragment {f}: file {path} fails its checksum; "
                                       f"{repair_hint(self.buffer_dir)}")
             self._verified[f] = sig
