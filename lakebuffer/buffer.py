@@ -2,7 +2,7 @@
 
 Data flows one way, push -> hot -> warm -> cold; reads see every tier. The parts:
 
-* ``tiers/``: ``HotTier`` (RAM), ``WarmTier`` (local Lance), the WAL; ``index.KeyIndex`` (RocksDB).
+* ``tiers/``: ``HotTier`` (RAM), ``WarmTier`` (memory-mapped Arrow IPC fragments), the WAL; ``index.KeyIndex`` (RocksDB).
 * ``catalog.Catalog`` (DuckDB): views over the tiers, ``meta``, and the replay counts.
 * ``engine/``: ``budget`` (RAM), ``ingest`` (push), ``writeback`` (eviction and the one
   install-fragment path), ``reads`` (get/scan), ``deletes``, ``recovery``, ``snapshots`` (the lake),
@@ -46,7 +46,7 @@ from .options import BufferOptions
 from .results import Snapshot
 from .sandbox import QUERY_MEMORY_FLOOR
 from .schema import merge_schema, metadata_columns
-from .tiers import HotTier, WarmTier, WriteAheadLog
+from .tiers import HotTier, WarmTier, WriteAheadLog, warm_path
 from .tiers.eviction import EvictionPolicy
 
 log = logging.getLogger("lakebuffer")
@@ -154,7 +154,7 @@ class ReplayBuffer:
         self._state = s = BufferState(
             path=self.path, run_id=self.run_id, schema=self.schema, meta_columns=self.meta_columns,
             durability=o.durability, index=self.index, hot=HotTier(self.schema, EvictionPolicy(o.evict, frozenset(self.meta_columns))),
-            warm=WarmTier(self.path / "warm" / "rollouts.lance", self.schema),
+            warm=WarmTier(warm_path(self.path), self.schema, sync=o.sync),
             wal=WriteAheadLog(self.path / "wal", sync=o.sync), catalog=self._catalog, tasks=self.tasks,
         )
         self.hot, self.warm, self.wal, self._batches = s.hot, s.warm, s.wal, s.batches

@@ -1,6 +1,6 @@
 """The DuckDB catalog: one connection exposing ``rollouts`` (all tiers), per-tier views and ``meta``.
 
-Hot tables and the warm Lance dataset are registered as Arrow objects (zero-copy scans with
+Hot tables and the warm tier's dataset of memory-mapped IPC fragments are registered as Arrow objects (zero-copy scans with
 projection and filter pushdown); ``meta`` is a native DuckDB table of the metadata columns only,
 which is what samplers select keys on, so selection never touches payload columns.
 

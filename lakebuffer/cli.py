@@ -214,7 +214,7 @@ def _print_stats(st: dict[str, Any]) -> None:
         rt.add_row("hot", str(hot["rows"]), _mb(hot["bytes"]), str(hot.get("batches", "")),
                    f"limit {_mb(hot['limit_bytes'])}")
     if warm:
-        rt.add_row("warm", str(warm["rows"]), _mb(warm["bytes"]), str(warm["fragments"]), "Lance fragments")
+        rt.add_row("warm", str(warm["rows"]), _mb(warm["bytes"]), str(warm["fragments"]), "Arrow IPC fragments (mmapped)")
     if cold:
         age = cold.get("last_snapshot_age_s")
         detail = f"snapshot {cold.get('last_snapshot_id')}" + (f", {age:.0f} s ago" if age is not None else "")

@@ -21,7 +21,7 @@ def tier_rows(st: dict[str, Any]) -> list[tuple[str, int, str, Any, str]]:
     if hot:
         out.append(("hot", hot["rows"], _mb(hot["bytes"]), hot.get("batches", ""), f"limit {_mb(hot['limit_bytes'])}"))
     if warm:
-        out.append(("warm", warm["rows"], _mb(warm["bytes"]), warm.get("fragments", ""), "Lance fragments"))
+        out.append(("warm", warm["rows"], _mb(warm["bytes"]), warm.get("fragments", ""), "Arrow IPC fragments (mmapped)"))
     if cold:
         url = cold.get("url") or st.get("url") or "-"
         out.append(("cold", cold.get("rows", 0), _mb(cold.get("bytes", 0)), cold.get("files", 0),

@@ -24,7 +24,7 @@ from .engine.writeback import FragmentInstaller
 from .errors import CorruptionError
 from .index import BatchInfo, KeyIndex, probe
 from .schema import conform_restored, metadata_columns
-from .tiers import WarmTier, WriteAheadLog
+from .tiers import WarmTier, WriteAheadLog, warm_path
 
 
 def check(path: str | Path, repair: bool = False, lake: str | None = None,
@@ -105,7 +105,7 @@ def _check(path: Path, repair: bool, lake_url: str | None, storage_options: dict
     lost: list[str] = []
     try:
         schema = pa.ipc.read_schema(pa.py_buffer(index.get_setting("schema")))
-        warm = WarmTier(path / "warm" / "rollouts.lance", schema)
+        warm = WarmTier(warm_path(path), schema)
         wal = WriteAheadLog(path / "wal")
         batches = index.batches()
         fragments = set(warm.fragment_ids())

@@ -86,7 +86,8 @@ def _is_binary(t: pa.DataType) -> bool:
 def projection(schema: pa.Schema, columns: Any) -> tuple[list[str], list[str]]:
     """The columns asked for (all if None) and the columns to read: those plus ``key`` (to align rows)."""
     cols = list(columns) if columns is not None else list(schema.names)
-    bad = [c for c in cols if c not in schema.names]
+    names = set(schema.names)
+    bad = [c for c in cols if c not in names]
     if bad:
         raise SchemaError(f"unknown column {bad[0]!r}; the schema has {', '.join(schema.names)}")
     return cols, cols if "key" in cols else [*cols, "key"]

@@ -223,7 +223,7 @@ def test_truncated_fragment_raises_corruption_error_naming_it_and_others_stay_re
         infos = {i.fragment: i for i in buf._batches.values()}
     victim = sorted(infos)[0]
     files = infos[victim].files
-    data = tmp_path / "warm" / "rollouts.lance" / "data" / files[0]
+    data = tmp_path / "warm" / files[0]
     data.write_bytes(data.read_bytes()[: data.stat().st_size // 3])
     report = fsck(tmp_path)
     assert not report["ok"] and any(files[0] in p for p in report["problems"])
@@ -245,7 +245,7 @@ def test_fsck_rebuilds_a_corrupt_fragment_from_the_lake(tmp_path):
         before = buf.get(keys, ["key", "reward", "response_ids"])
         infos = {i.fragment: i for i in buf._batches.values()}
     victim = infos[sorted(infos)[1]]
-    data = tmp_path / "warm" / "rollouts.lance" / "data" / victim.files[0]
+    data = tmp_path / "warm" / victim.files[0]
     data.write_bytes(b"\0" * data.stat().st_size)  # same size, garbage: only the checksum sees it
     report = fsck(tmp_path)
     assert not report["ok"] and any("checksum" in p for p in report["problems"])
@@ -259,7 +259,7 @@ def test_fsck_rebuilds_a_corrupt_fragment_from_the_lake(tmp_path):
 def test_write_back_disk_error_is_surfaced_and_loses_nothing(tmp_path):
     """The warm tier's data directory becomes unwritable (replaced by a file: ENOTDIR) mid-run."""
     buf = lb.ReplayBuffer.open(tmp_path, memory_limit_mb=1, snapshot_interval_s=0, push_timeout_s=1)
-    data_dir = tmp_path / "warm" / "rollouts.lance" / "data"
+    data_dir = tmp_path / "warm"
     moved = tmp_path / "data-aside"
     try:
         keys = buf.push(make_rollouts(64, tokens=64)).to_pylist()

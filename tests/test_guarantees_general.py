@@ -149,7 +149,7 @@ def test_close_under_a_fault_raises_only_lakebuffer_errors_and_releases_the_dire
         kw.update(lake=f"{s3_bucket}/lake", storage_options=s3_server.storage_options, snapshot_interval_s=30)
     buf = lb.ReplayBuffer.open(path, **kw)
     keys = buf.push(make_rollouts(32, tokens=8)).to_pylist()
-    data = path / "warm" / "rollouts.lance" / "data"
+    data = path / "warm"  # the warm tier's fragment directory (tiers.warm.warm_path)
     aside = tmp_path / "aside"
     if fault == "index-gone":
         (path / "index").rename(aside)

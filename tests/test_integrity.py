@@ -190,7 +190,7 @@ def test_scan_over_a_truncated_fragment_is_a_corruption_error(tmp_path):
     with open_buf(path) as buf:
         buf.push(make_rollouts(500, tokens=16))
         buf.evict_all()
-    files = sorted((path / "warm" / "rollouts.lance" / "data").iterdir())
+    files = sorted((path / "warm").iterdir())
     victim = files[len(files) // 2]
     with open(victim, "r+b") as f:
         f.truncate(victim.stat().st_size // 2)

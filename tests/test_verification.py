@@ -30,7 +30,7 @@ def flip(path: Path, at: float = 0.5) -> None:
 
 
 def warm_files(buf: lb.ReplayBuffer) -> list[Path]:
-    data = buf.path / "warm" / "rollouts.lance" / "data"
+    data = buf.path / "warm"
     return sorted({data / f for i in buf._batches.values() if i.tier == "warm" for f in i.files})
 
 

@@ -3,7 +3,7 @@
 ``RssAnon`` (``/proc/self/status``) is what a budget is about: file-backed pages (the page cache of
 Lance fragments, memory-mapped WAL segments) are reclaimable, anonymous pages are not. A thread
 samples it every 5 ms while one phase runs; each phase reports its peak growth over the RssAnon the
-process had right after opening the buffer (and warming DuckDB and the Lance writer up), so fixed
+process had right after opening the buffer (and warming DuckDB and the WAL up), so fixed
 costs that every buffer pays once are not charged to the path.
 
 The default test suite runs it at 16x a 64 MB budget (``tests/test_memory_bounds.py``); the bench's
@@ -92,7 +92,7 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
     phases: dict[str, dict[str, Any]] = {}
     opts = dict(memory_limit_mb=budget_mb, snapshot_interval_s=0, storage_options=args.get("storage_options"))
     buf = lb.ReplayBuffer.open(root / "buf", lake=lake, run_id="mem", **opts)
-    warm = next(data.stream(1 << 20, batch_rows=8, seed=99))  # start DuckDB, the WAL and the Lance writer
+    warm = next(data.stream(1 << 20, batch_rows=8, seed=99))  # start DuckDB and the WAL
     buf.push(warm.drop_columns(["run_id", "key"]))
     buf.evict_all()
     len(buf)

@@ -20,9 +20,9 @@ log = logging.getLogger("lakebuffer")
 
 EVICT_HIGH = 0.75  # start write-back when resident hot bytes pass this share of the hot limit
 EVICT_LOW = 0.5  # ... and write back until they are under this share
-#: RAM one write-back costs per byte of hot rows it writes, beyond the hot rows themselves. Lance
-#: builds encoded pages and write buffers before the file is closed: writing 3, 6, 12 and 24 MB
-#: fragments here peaked at 1.7x the rows (+4 MB), so the budget reserves 2x while one runs.
+#: RAM one write-back costs per byte of hot rows it writes, beyond the hot rows themselves: the
+#: concatenated copy of coalesced small batches (and, under the Lance warm tier before issue 17, its
+#: encoded pages: 1.7x measured); a promoted WAL segment (a hard link) holds nothing.
 WRITE_BACK_RAM = 2
 CATALOG_WARN = 0.5  # warn once when the metadata catalog takes this share of the budget
 

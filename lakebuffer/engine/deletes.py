@@ -54,6 +54,7 @@ def _delete_locked(s: BufferState, keys, where) -> int:
     batch, _pos, found = s.index.lookup(wanted)
     gone = [k for k, f in zip(wanted, found) if f]
     warm_gone: list[str] = []
+    warm_parts: set[int] = set()
     for bid in np.unique(batch[found]).tolist():
         removed = [wanted[i] for i in np.flatnonzero(found & (batch == bid))]
         info = s.batches[bid]
@@ -72,11 +73,12 @@ def _delete_locked(s: BufferState, keys, where) -> int:
                 s.wal.remove(bid)
         else:
             warm_gone.extend(removed)
+            warm_parts.add(info.fragment)
         if info.snapshot is not None:
             s.index.add_tombstones(removed)  # the lake holds them: the next snapshot hides them
         s.index.rewrite_batch(info, removed, positions, new_meta)
         if info.rows == 0:
             s.batches.pop(bid)
-    s.warm.delete(warm_gone)
+    s.warm.delete(warm_gone, parts=sorted(warm_parts))
     s.catalog.delete_meta(pa.array(gone, pa.string()))
     return len(gone)

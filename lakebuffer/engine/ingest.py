@@ -79,6 +79,8 @@ class Ingest:
                 raise SchemaError(
                     f"column 'key': {bad!r} has the form '{self.key_prefix}-<number>' this buffer uses for the "
                     "keys it generates; give your keys another form (or leave 'key' null to have one generated)")
+            if pc.any(pc.equal(user_keys, "")).as_py():
+                raise SchemaError("column 'key' has an empty key (a key needs at least one character)")
             if pc.count_distinct(table.column("key")).as_py() != n:
                 raise SchemaError("column 'key' has duplicate values within the batch")
             # fail fast before the WAL write; the check that guarantees uniqueness is the index's,

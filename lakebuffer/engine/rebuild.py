@@ -8,8 +8,9 @@ rows a snapshot already holds. With the lake (``--lake``, or ``<dir>/lake`` when
 whose keys its last snapshot holds are marked snapshotted, so they are not uploaded twice.
 
 Nothing is deleted: the damaged index is moved aside to ``quarantine/index/index.damaged-<time>``, and a WAL segment
-that fails its checksum goes to ``quarantine/wal/``. Warm fragments cannot be checked against
-checksums (those were in the index): each is decoded whole, and its checksum is taken as it is now.
+that fails its checksum goes to ``quarantine/wal/``. Warm fragments carry their own CRC32C footer
+(the WAL's segment format): one that fails it is reported and not indexed. A row slot blanked by a
+delete (key ``""``) keeps its position and is not indexed.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import lance
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -29,7 +29,7 @@ from ..errors import CorruptionError, LakeBufferError
 from ..index import BatchInfo, KeyIndex, probe
 from ..schema import metadata_columns
 from ..tiers import WriteAheadLog, table_bytes
-from ..tiers.warm import fragment_checksum
+from ..tiers.warm import DELETED_KEY, WarmTier, has_fragments, warm_path
 from . import quarantine
 from .recovery import quarantine_segment
 from .snapshots import RESTORING
@@ -101,8 +101,7 @@ def rebuild_index(path: Path, lake_url: str | None, storage_options: dict | None
                                 "fsck --repair rebuilt the index from the fragments and WAL",
                                 name=f"index.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
         repaired.append(f"moved the damaged index aside to {aside}")
-    lance_dir = path / "warm" / "rollouts.lance"
-    ds = lance.dataset(str(lance_dir)) if (lance_dir / "_versions").is_dir() else None
+    frag_ids = WriteAheadLog(warm_path(path)).ids() if has_fragments(path) else []
     wal = WriteAheadLog(path / "wal")
     wal.remove_torn()
     segments: dict[int, pa.Table] = {}
@@ -112,8 +111,17 @@ def rebuild_index(path: Path, lake_url: str | None, storage_options: dict | None
         except CorruptionError as e:
             target = quarantine_segment(wal, bid, path, f"it fails its check ({e}); found by fsck --repair")
             problems.append(f"WAL segment {bid} fails its check and was not used (moved to {target}): {e}")
-    if ds is not None:
-        schema = ds.schema
+    warm: WarmTier | None = None
+    first: pa.Table | None = None
+    for frag in frag_ids:  # the schema comes with the first fragment that decodes
+        try:
+            first = WriteAheadLog(warm_path(path)).read(frag)
+            break
+        except CorruptionError:
+            continue
+    if first is not None:
+        schema = first.schema
+        warm = WarmTier(warm_path(path), schema)
     elif segments:
         schema = next(iter(segments.values())).schema
     else:
@@ -121,7 +129,7 @@ def rebuild_index(path: Path, lake_url: str | None, storage_options: dict | None
                 "lost_keys": []}
     meta_cols = metadata_columns(schema)
     run_id = None
-    for t in [*segments.values()] + ([ds.head(1, columns=["run_id"])] if ds is not None else []):
+    for t in [*segments.values()] + ([first] if first is not None else []):
         if t.num_rows:
             run_id = t.column("run_id")[0].as_py()
             break
@@ -143,25 +151,23 @@ def rebuild_index(path: Path, lake_url: str | None, storage_options: dict | None
         all_keys: list[pa.Array] = []
         next_bid = max(segments, default=-1) + 1
         rows = 0
-        for frag in sorted(f.fragment_id for f in ds.get_fragments()) if ds is not None else []:
-            fragment = ds.get_fragment(frag)
+        for frag in frag_ids if warm is not None else []:
             try:
-                for _ in ds.scanner(fragments=[fragment], batch_size=1024).to_batches():
-                    pass  # decode every column: structural damage shows here (no checksum is left to compare)
-                t = ds.scanner(columns=meta_cols, fragments=[fragment], with_row_address=True).to_table()
-            except Exception as e:  # noqa: BLE001 - Lance reports damage as several types
-                problems.append(f"warm fragment {frag} cannot be decoded and was not indexed: {e}")
+                t = warm.mapped(frag).table.select(meta_cols)  # checked against its CRC32C footer
+            except LakeBufferError as e:
+                problems.append(f"warm fragment {frag} fails its check and was not indexed: {e}")
                 continue
+            live = pc.not_equal(t.column("key"), DELETED_KEY)
+            addr = np.flatnonzero(live.to_numpy(zero_copy_only=False)).astype(np.int64)
+            t = t.filter(live)
             keys = t.column("key").to_pylist()
             if seen.intersection(keys):
                 problems.append(f"warm fragment {frag} repeats keys of another fragment and was not indexed")
                 continue
             seen.update(keys)
-            addr = t.column("_rowaddr").to_numpy().astype(np.int64) & 0xFFFFFFFF
-            files = tuple(df.path for df in fragment.data_files())
-            data_dir = lance_dir / "data"
-            checksum = fragment_checksum(data_dir, files)
-            nbytes = sum((data_dir / n).stat().st_size for n in files)
+            files = (warm.file_of(frag).name,)
+            checksum = None  # the fragment's own footer is its checksum
+            nbytes = warm.file_of(frag).stat().st_size
             in_lake = np.array([k in lake_keys for k in keys], dtype=bool)
             meta = t.select(meta_cols)
             for start, stop in _runs(in_lake):
@@ -205,8 +211,7 @@ def rebuild_index(path: Path, lake_url: str | None, storage_options: dict | None
         repaired.append(f"rebuilt the index of run {run_id!r} from {len(seen)} keys ({rows} rows) in the warm "
                         f"fragments and WAL; key sequence restarts at {seq}")
         problems.append("the index was rebuilt: replay counts since push and deletes not yet carried to the lake "
-                        "were only in the old index and are lost; warm fragments were decoded but could not be "
-                        "checked against their old checksums")
+                        "were only in the old index and are lost")
     finally:
         index.close()
     return {"repaired": repaired, "problems": problems, "lost_keys": []}

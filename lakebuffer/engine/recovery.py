@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from ..errors import CorruptionError
 from ..index import BatchInfo, KeyIndex, probe
-from ..tiers import WarmTier, WriteAheadLog
+from ..tiers import WarmTier, WriteAheadLog, has_fragments
 from . import quarantine
 from .state import BufferState, with_batch
 from .writeback import WriteBack
@@ -38,9 +38,8 @@ log = logging.getLogger("lakebuffer")
 
 def has_local_data(path: Path) -> bool:
     """Whether ``path`` holds warm fragments or WAL segments (rows only the index can place)."""
-    data = path / "warm" / "rollouts.lance" / "data"
     wal = path / "wal"
-    return (data.is_dir() and any(data.iterdir())) or (wal.is_dir() and any(wal.glob("*.arrow")))
+    return has_fragments(path) or (wal.is_dir() and any(wal.glob("*.arrow")))
 
 
 def refuse_damaged_index(path: Path) -> None:
@@ -121,6 +120,7 @@ def recover(s: BufferState, writeback: WriteBack) -> None:
         s.warm.drop_fragments(drop)
     s.index.clear_installs(s.index.pending_installs())
     s.wal.remove_torn()
+    s.warm.remove_torn()
     wal_ids = set(s.wal.ids())
     for bid, info in sorted(batches.items()):
         if info.tier == "warm":

@@ -9,14 +9,18 @@ a visible row the index does not know. The install is noted in the index before 
 written (``begin_install``), so recovery knows that fragment is a crash's leftover and not rows a
 damaged index lost.
 
-Write-back moves existing hot batches instead (they already have index entries): one fragment per
-group of batches, then the index, the warm version and the hot tier change in one step under the
-engine's lock.
+Write-back moves existing hot batches instead (they already have index entries), then the index,
+the warm version and the hot tier change in one step under the engine's lock. A batch of at least
+``PROMOTE_BYTES`` whose WAL segment is on disk is *promoted*: the segment becomes its warm fragment
+by a hard link (``WarmTier.adopt``), so its bytes are written once on ingest (issue 17). Smaller
+batches are coalesced into one written fragment of about ``FRAGMENT_BYTES`` (a second write, but of
+small batches only), so the tier does not fill up with tiny files.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import pyarrow as pa
 
@@ -27,6 +31,7 @@ from .state import BufferState, with_batch
 from .tasks import P1
 
 FRAGMENT_BYTES = 8 << 20  # small evicted batches are coalesced into fragments of about this size
+PROMOTE_BYTES = 1 << 20  # a batch this large becomes its own fragment: its WAL segment, hard-linked
 
 #: ``publish(staged, info, meta)``: make an installed fragment visible (``meta`` has ``_batch``)
 Publish = Callable[[Staged, BatchInfo, pa.Table], None]
@@ -98,16 +103,26 @@ class WriteBack:
                 return
             target = int(self.budget.hot_limit() * EVICT_LOW) - extra - self.budget.reserved
             victims = self.s.hot.choose_victims(max(target, 0))
-            group: list[int] = []
-            size = 0
-            for v in victims:
-                group.append(v.batch_id)
-                size += v.nbytes
-                if size >= FRAGMENT_BYTES:
-                    self._submit(group)
-                    group, size = [], 0
-            if group:
+            for group in self._groups(victims):
                 self._submit(group)
+
+    def _groups(self, victims: Sequence) -> list[list[int]]:
+        """One group per promotable batch; the small ones together, ``FRAGMENT_BYTES`` at a time."""
+        out: list[list[int]] = []
+        group: list[int] = []
+        size = 0
+        for v in victims:
+            if v.nbytes >= PROMOTE_BYTES and self.s.durability == "wal":
+                out.append([v.batch_id])
+                continue
+            group.append(v.batch_id)
+            size += v.nbytes
+            if size >= FRAGMENT_BYTES:
+                out.append(group)
+                group, size = [], 0
+        if group:
+            out.append(group)
+        return out
 
     def _submit(self, group: list[int]) -> None:
         ids = list(group)
@@ -120,25 +135,38 @@ class WriteBack:
             victims = self.s.hot.choose_victims(low)
             if not victims:
                 break
-            self.write_back([v.batch_id for v in victims])
+            for group in self._groups(victims):
+                self.write_back(group)
 
     def evict_all(self) -> None:
-        """Write every hot batch now, 64 batches per fragment."""
+        """Write every hot batch now (promoted, or coalesced as in ``schedule``)."""
         with self.s.lock:
             victims = self.s.hot.choose_victims(0)
-        for i in range(0, len(victims), 64):
-            self.write_back([v.batch_id for v in victims[i : i + 64]])
+        for group in self._groups(victims):
+            self.write_back(group)
+
+    def _promotable(self, batch_ids: list[int], tables: list[pa.Table]) -> Path | None:
+        """The WAL segment that can become the warm fragment of this one batch as it is, if any."""
+        s = self.s
+        if len(batch_ids) != 1 or s.durability != "wal" or not tables[0].schema.equals(s.warm.schema):
+            return None
+        seg = s.wal.segment_path(batch_ids[0])
+        return seg if seg.exists() else None
 
     # the write-back ------------------------------------------------------------------------
     def write_back(self, batch_ids: list[int]) -> None:
-        """Write hot batches to one warm fragment, then move them there in one step."""
+        """Write hot batches to one warm fragment (or promote one's WAL segment), then move them there."""
         s = self.s
         with s.lock:
             tables = [s.hot.get(b, touch=False).table for b in batch_ids]
-            # Lance's pages and write buffers are RAM the budget must cover too
-            held = self.budget.hold_encoding(sum(table_bytes(t) for t in tables))
+            segment = self._promotable(batch_ids, tables)
+            # a written fragment's concatenated copy is RAM the budget must cover too; a link needs none
+            held = 0 if segment else self.budget.hold_encoding(sum(table_bytes(t) for t in tables))
         try:
-            staged = s.warm.stage(pa.concat_tables(tables) if len(tables) > 1 else tables[0])
+            if segment is not None:
+                staged = s.warm.adopt(segment, tables[0].num_rows, s.wal.written.get(batch_ids[0]))
+            else:
+                staged = s.warm.stage(pa.concat_tables(tables) if len(tables) > 1 else tables[0])
         except BaseException:
             with s.lock:
                 s.hot.release_victims(batch_ids)

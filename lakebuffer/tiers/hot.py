@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .base import Location, Staged
+from .base import Location, Staged, gather
 from .eviction import EvictionPolicy
 
 
@@ -76,8 +76,7 @@ class HotTier:
         self._insert(batch)
 
     def take(self, where: Location, columns: Sequence[str]) -> pa.Table:
-        """Rows by (batch, position) in the order given, in one ``take``: the batches involved are
-        chained zero-copy (one chunk each) and indexed by their offset in the chain plus the row."""
+        """Rows by (batch, position) in the order given: one-row zero-copy slices (``gather``)."""
         columns = list(columns)
         if len(where) == 0:
             return self.schema.empty_table().select(columns)
@@ -87,10 +86,8 @@ class HotTier:
             b = self._batches.get(bid)
             if b is None:
                 raise KeyError(f"hot batch {bid} is not in RAM")
-            tables.append(b.table.select(columns))
-        starts = np.cumsum([0] + [t.num_rows for t in tables[:-1]], dtype=np.int64)
-        chain = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-        return chain.take(pa.array(starts[inverse] + where.row))
+            tables.append(b.table)
+        return gather(tables, inverse, where.row, columns)
 
     def delete(self, keys: Sequence[str], parts: Sequence[int] | None = None) -> None:
         """Filter rows with these keys out of ``parts`` (all batches if None); empty batches go."""

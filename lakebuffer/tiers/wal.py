@@ -30,6 +30,9 @@ class WriteAheadLog:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         self.sync = sync
+        #: batch id -> (size, mtime) of a segment this process wrote and checksummed from disk: write-back
+        #: promotes such a segment to a warm fragment without reading it again while it is unchanged
+        self.written: dict[int, tuple[int, int]] = {}
 
     def _segment(self, batch_id: int) -> Path:
         return self.path / f"{batch_id:016d}.arrow"
@@ -50,6 +53,8 @@ class WriteAheadLog:
             finally:
                 os.close(fd)
         os.replace(tmp, final)
+        st = os.stat(final)
+        self.written[batch_id] = (st.st_size, st.st_mtime_ns)
         if self.sync:
             fd = os.open(self.path, os.O_RDONLY)
             try:
@@ -83,6 +88,7 @@ class WriteAheadLog:
         return self._segment(batch_id)
 
     def remove(self, batch_id: int) -> None:
+        self.written.pop(batch_id, None)
         self._segment(batch_id).unlink(missing_ok=True)
 
     def ids(self) -> list[int]:

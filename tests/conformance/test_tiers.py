@@ -89,4 +89,4 @@ class TestHotTier(AbstractTierTests):
 class TestWarmTier(AbstractTierTests):
     @pytest.fixture
     def tier(self, tmp_path):
-        return WarmTier(tmp_path / "warm.lance", ROLLOUT_SCHEMA)
+        return WarmTier(tmp_path / "warm", ROLLOUT_SCHEMA)

@@ -45,8 +45,8 @@ def run(ctx: Context) -> dict[str, Any]:
         f"{k}_unverified_vs_verified": safe_ratio(off.get(f"{k}_s"), on.get(f"{k}_s"))
         for k in ("snapshot", "get_p50", "scan")
     }
-    out["note"] = ("same rollouts, all warm, buffer reopened before each run; verification = crc32 of each "
-                   "fragment's files at its first read in the process, then one stat per file")
+    out["note"] = ("same rollouts, all warm, buffer reopened before each run; verification = CRC32C of each "
+                   "fragment file (its footer) at its first read in the process, then one stat per file")
     return out
 
 
