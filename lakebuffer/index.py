@@ -11,6 +11,8 @@ Layout (one keyspace, prefixes keep scans cheap):
 ``sc/<key>``       -> ``>i`` replays of a rollout since its push
 ``pr/<key>``       -> ``>d`` priority set by ``update_priority`` (absent: the sampler's expression)
 ``c/<name>``       -> counters (next key sequence, next batch id); ``s/<name>`` -> schema, run id
+``l/<batch:>Q>``   -> Arrow IPC of a cold batch's row locations (``file``: int32 into the lake files in
+                      the schema metadata, ``row``: int64 row in that file), one row per position
 ``p/<batch:>Q>``   -> an install in flight (written before its fragment, removed with its record), so
                       recovery can tell a crashed install's fragment from rows a damaged index lost
 A batch's entries are written in one ``WriteBatch``, so the index never holds half a push.
@@ -48,7 +50,7 @@ _F64 = struct.Struct(">d")
 @dataclass
 class BatchInfo:
     batch_id: int
-    tier: str  # "hot" (RAM, and the WAL in wal mode) or "warm" (an Arrow IPC fragment file)
+    tier: str  # "hot" (RAM, and the WAL in wal mode), "warm" (an Arrow IPC fragment file) or "cold" (the lake only)
     rows: int
     fragment: int | None = None
     offset: int = 0  # first row of this batch inside its fragment (small batches share one)
@@ -263,6 +265,7 @@ class KeyIndex:
             wb.put(b"k/" + k.encode(), _LOC.pack(bid, pos))
         if info.rows == 0:
             wb.delete(_bkey(b"b/", bid))
+            wb.delete(_bkey(b"l/", bid))
             wb.delete(_bkey(b"m/", bid), self._meta_cf)
         else:
             wb.put(_bkey(b"b/", bid), json.dumps(asdict(info)).encode())
@@ -277,8 +280,29 @@ class KeyIndex:
             wb.delete(b"sc/" + k.encode())
             wb.delete(b"pr/" + k.encode())
         wb.delete(_bkey(b"b/", batch_id))
+        wb.delete(_bkey(b"l/", batch_id))
         wb.delete(_bkey(b"m/", batch_id), self._meta_cf)
         self._db.write(wb)
+
+    def set_cold(self, moves: Iterable[tuple[BatchInfo, list[dict], np.ndarray, np.ndarray]]) -> None:
+        """Record batches as cold in one write: each one's ``BatchInfo`` and its rows' lake locations
+        (``files``: lake file entries ``{path, bytes}``; ``file[i]``/``row[i]``: where position i lives)."""
+        wb = WriteBatch(raw_mode=True)
+        for info, files, file_idx, row in moves:
+            loc = pa.table({"file": pa.array(file_idx, pa.int32()), "row": pa.array(row, pa.int64())})
+            loc = loc.replace_schema_metadata({"files": json.dumps(files)})
+            wb.put(_bkey(b"b/", info.batch_id), json.dumps(asdict(info)).encode())
+            wb.put(_bkey(b"l/", info.batch_id), _ipc(loc))
+        self._db.write(wb)
+
+    def cold_locations(self, batch_id: int) -> tuple[list[dict], np.ndarray, np.ndarray] | None:
+        """(lake file entries, file index per position, row in that file per position) of a cold batch."""
+        blob = self._get(_bkey(b"l/", batch_id))
+        if blob is None:
+            return None
+        t = _from_ipc(blob)
+        files = json.loads((t.schema.metadata or {}).get(b"files", b"[]"))
+        return files, t.column("file").to_numpy().astype(np.int64), t.column("row").to_numpy().astype(np.int64)
 
     def add_sample_counts(self, keys: list[str], counts: list[int]) -> None:
         """Add replays to each key's persisted count (``sc/`` holds the increment since push)."""

@@ -460,6 +460,10 @@ class WarmTier:
             self._counts[f] = c
         return c
 
+    def fragment_bytes(self, f: int) -> int:
+        """Bytes of fragment ``f`` on disk."""
+        return self._counts_of(int(f))[2]
+
     def stats(self) -> dict[str, int]:
         ids = self.fragment_ids()
         counts = [self._counts_of(f) for f in ids]
