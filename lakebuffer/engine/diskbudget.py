@@ -97,17 +97,17 @@ class DiskBudget:
         """Make room for a push of ``nbytes`` (see the module); ``BackpressureError`` if there is none."""
         if not self.short(nbytes):
             return
-        self.relieve(nbytes)
-        if not self.short(nbytes):
-            return
         try:
+            self.relieve(nbytes)
+            if not self.short(nbytes):
+                return
             self._snapshot()  # what is not in the lake cannot leave: put it there first
+            self.relieve(nbytes)
         except LakeBufferError as e:
             raise BackpressureError(
-                f"the buffer directory {self.s.path} is past its disk budget ({self._describe()}) and rows not yet in "
-                f"the lake cannot leave local disk: the snapshot failed ({e}); the batch was not stored. Push again "
-                "once the lake is reachable, or raise disk_limit_gb / free disk space") from e
-        self.relieve(nbytes)
+                f"the buffer directory {self.s.path} is past its disk budget ({self._describe()}) and the lake "
+                f"failed ({e}), so nothing can leave local disk; the batch was not stored. Push again once the lake "
+                "is reachable, or raise disk_limit_gb / free disk space") from e
         if self.short(nbytes):
             raise BackpressureError(
                 f"the buffer directory {self.s.path} is past its disk budget ({self._describe()}) and nothing more can "

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pds
 import pyarrow.parquet as pq
 
 from ..errors import CorruptionError
@@ -43,6 +44,32 @@ _PARTITION = ("run_id", "policy_bucket")
 
 class StaleLocation(Exception):
     """A cold location no longer holds its row (a compaction or delete rewrote the file): locate again."""
+
+
+class _ColdDataset(pds.InMemoryDataset):
+    """The lake files of the cold rows as DuckDB sees them: built, and each file verified against its
+    sha256, only when a query actually reads them (DuckDB calls ``scanner`` then, not to bind a view),
+    so a damaged lake file fails the queries that read it, not every query of the buffer."""
+
+    _make: Any = None
+
+    @classmethod
+    def over(cls, make: Callable[[], pds.Dataset], schema: pa.Schema) -> _ColdDataset:
+        out = cls(schema.empty_table())
+        out._make = make
+        return out
+
+    def scanner(self, *args: Any, **kwargs: Any) -> Any:
+        return self._make().scanner(*args, **kwargs)
+
+    def count_rows(self, **kwargs: Any) -> int:
+        return self.scanner(filter=kwargs.get("filter")).count_rows()
+
+    def to_table(self, **kwargs: Any) -> pa.Table:
+        return self.scanner(**kwargs).to_table()
+
+    def to_batches(self, **kwargs: Any) -> Any:
+        return self.scanner(**kwargs).to_batches()
 
 
 class ColdTier:
@@ -151,7 +178,10 @@ class ColdTier:
             entries = list(self._referenced.values()) if self._sql_entries is None else list(self._sql_entries)
         if not batches.num_rows or not entries:
             return {"cold_data": self.schema.empty_table(), "cold_batches": batches}
-        return {"cold_data": self._lake().dataset_of(entries, self.schema), "cold_batches": batches}
+        lake = self._lake()
+        return {"cold_data": _ColdDataset.over(lambda: lake.dataset_of(entries, self.schema),
+                                               lake.dataset_of([], self.schema).schema),
+                "cold_batches": batches}
 
     def stats(self) -> dict[str, int]:
         """Cold-only rows (also held nowhere else), the bytes they took locally, lake files they are in."""
