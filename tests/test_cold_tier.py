@@ -223,3 +223,50 @@ def test_kill_minus_nine_inside_a_tier_move_and_at_random_loses_nothing_and_read
         _check_once(path, lake, acked, f"random kill {i}")
     with _open(path, lake) as buf:
         assert buf.stats()["tiers"]["cold"]["rows"] > 0  # the kills did land while rows were moving
+
+
+def test_fsck_repair_of_a_lost_index_indexes_the_cold_rows_where_the_lake_holds_them(tmp_path):
+    import shutil
+
+    path, lake = tmp_path / "buf", str(tmp_path / "lake")
+    with _open(path, lake) as buf:
+        ref, _, _ = _fill(buf, batches=40)
+        buf.snapshot(wait=True)
+        assert buf.stats()["tiers"]["cold"]["rows"] > 0
+    shutil.rmtree(path / "index")
+    report = fsck(path, repair=True, lake=lake)
+    assert any("only the lake holds" in r for r in report["repaired"]), report
+    with _open(path, lake) as buf:
+        assert buf.stats()["tiers"]["cold"]["rows"] > 0
+        keys = ref.column("key").to_pylist()
+        assert _same(buf.get(keys, COLS), ref)
+        assert _same(_by_key(buf.sql("SELECT * FROM rollouts")), _by_key(ref))
+    assert fsck(path)["ok"]
+
+
+def test_warm_to_cold_follows_the_eviction_priority(tmp_path):
+    path, lake = tmp_path / "buf", str(tmp_path / "lake")
+    with _open(path, lake, evict="policy_version") as buf:
+        _fill(buf, batches=48)
+        versions = buf.sql("SELECT DISTINCT policy_version v FROM cold_rows ORDER BY v").column("v").to_pylist()
+        local = buf.sql("SELECT DISTINCT policy_version v FROM warm ORDER BY v").column("v").to_pylist()
+        assert versions and local
+        assert min(versions) < max(local)  # low priorities left local disk first
+        assert min(versions) == 0 and max(local) == 4
+
+
+def test_a_restore_into_a_fresh_directory_stays_within_the_disk_budget(tmp_path):
+    src, lake = tmp_path / "src", str(tmp_path / "lake")
+    with lb.ReplayBuffer.open(src, lake=lake, memory_limit_mb=8, snapshot_interval_s=0, run_id="r") as buf:
+        for i in range(60):
+            buf.push(make_rollouts(64, tokens=256, seed=i))
+        buf.snapshot(wait=True)
+        n = len(buf)
+    dst = tmp_path / "dst"
+    with _open(dst, lake, run_id="r") as buf:  # restores the run, moving what passes the budget to the cold tier
+        assert len(buf) == n
+        assert _local_bytes(dst) <= LIMIT_GB * 2**30 + (8 << 20)
+        assert buf.stats()["tiers"]["cold"]["rows"] > n // 2
+        keys = buf.sql("SELECT key FROM rollouts").column("key").to_pylist()
+        assert len(keys) == len(set(keys)) == n
+        assert buf.get(keys, ["key"]).column("key").to_pylist() == keys

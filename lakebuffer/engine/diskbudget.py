@@ -72,6 +72,7 @@ class DiskBudget:
         self.floor = floor_bytes
         self._snapshot = snapshot
         self.moved_fragments = 0
+        self._scores: dict[int, float | None] = {}  # fragment -> keep priority (evict=), scored once
 
     # measuring -------------------------------------------------------------------------------
     def usage(self) -> int:
@@ -120,7 +121,8 @@ class DiskBudget:
 
     # moving fragments to the cold tier ---------------------------------------------------------
     def droppable(self) -> list[tuple[int, list[BatchInfo]]]:
-        """Warm fragments whose batches are all committed to the lake, oldest first, with their batches."""
+        """Warm fragments whose batches are all committed to the lake, with their batches, in the order
+        they leave: lowest keep priority first under an ``evict=`` priority, else (and on ties) oldest first."""
         s = self.s
         with s.lock:
             by_frag: dict[int, list[BatchInfo]] = {}
@@ -131,7 +133,20 @@ class DiskBudget:
                 by_frag.setdefault(info.fragment, []).append(info)
                 if info.snapshot is None or info.snapshot < 0:
                     blocked.add(info.fragment)
-            return [(f, by_frag[f]) for f in sorted(by_frag) if f not in blocked]
+            out = [(f, by_frag[f]) for f in sorted(by_frag) if f not in blocked]
+        policy = s.hot.policy
+        if policy.by_recency:
+            return out
+        scores = {f: self._score(f, infos) for f, infos in out}
+        return sorted(out, key=lambda fi: (scores[fi[0]] is not None, scores[fi[0]] or 0.0, fi[0]))
+
+    def _score(self, frag: int, infos: list[BatchInfo]) -> float | None:
+        """A fragment's keep priority: its best batch's (``EvictionPolicy.score``), computed once."""
+        if frag not in self._scores:
+            got = [self.s.hot.policy.score(m) for m in (self.s.index.batch_meta(i.batch_id) for i in infos) if m is not None]
+            got = [g for g in got if g is not None]
+            self._scores[frag] = max(got) if got else None
+        return self._scores[frag]
 
     def relieve(self, extra: int = 0) -> int:
         """Move committed fragments to the cold tier until ``extra`` more bytes fit; bytes freed."""
