@@ -59,6 +59,21 @@ def dir_bytes(path: Path) -> int:
     return total
 
 
+def cold_plan(s: BufferState, batch_id: int) -> tuple[int, list[dict], np.ndarray, np.ndarray] | None:
+    """Where the lake's live files hold the rows of one batch: (live rows, file entries, file index and
+    row in file per position in the batch, -1 for a deleted slot), or None if a row is not in the lake."""
+    meta = s.index.batch_meta(batch_id)
+    keys = meta.column("key").to_pylist() if meta is not None else []
+    _, pos, found = s.index.lookup(keys)
+    files, file_idx, row, located = s.cold.locate(keys)
+    if not (found.all() and located.all()):
+        return None
+    size = int(pos.max()) + 1 if len(pos) else 0
+    fi, rw = np.full(size, -1, np.int64), np.full(size, -1, np.int64)
+    fi[pos], rw[pos] = file_idx, row
+    return len(keys), files, fi, rw
+
+
 class DiskBudget:
     """Keeps the buffer directory under ``limit_bytes`` and the filesystem above its free floor."""
 
@@ -166,19 +181,11 @@ class DiskBudget:
         s = self.s
         plans = []
         for info in infos:
-            meta = s.index.batch_meta(info.batch_id)
-            keys = meta.column("key").to_pylist() if meta is not None else []
-            _, pos, found = s.index.lookup(keys)
-            files, file_idx, row, located = self.cold.locate(keys)
-            if not (found.all() and located.all()):
-                log.warning("fragment %d stays local: %d of its rows were not found in the lake", frag,
-                            int((~located).sum()))
+            plan = cold_plan(s, info.batch_id)
+            if plan is None:
+                log.warning("fragment %d stays local: rows of batch %d were not found in the lake", frag, info.batch_id)
                 return 0
-            size = int(pos.max()) + 1 if len(pos) else 0
-            fi = np.full(size, -1, np.int64)
-            rw = np.full(size, -1, np.int64)
-            fi[pos], rw[pos] = file_idx, row
-            plans.append((info, len(keys), files, fi, rw))
+            plans.append((info, *plan))
         with s.lock:
             for info, n, *_ in plans:
                 now = s.batches.get(info.batch_id)

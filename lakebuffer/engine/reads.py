@@ -19,6 +19,7 @@ from ..schema import key_list, projection
 from ..tiers import Location
 from ..tiers.base import gather
 from ..tiers.cold import StaleLocation
+from .diskbudget import cold_plan
 from .state import BufferState
 
 
@@ -108,16 +109,11 @@ def relocate(s: BufferState, batch_ids: list[int]) -> None:
     s.cold.invalidate()
     moves = []
     for bid in batch_ids:
-        meta = s.index.batch_meta(bid)
-        keys = meta.column("key").to_pylist() if meta is not None else []
-        _, pos, found = s.index.lookup(keys)
-        files, file_idx, row, located = s.cold.locate(keys)
-        if not (found.all() and located.all()):
-            raise CorruptionError(f"cold batch {bid}: {int((~located).sum())} of its rows are not in the lake "
-                                  f"{s.cold.run_id!r} files any more; run `lakebuffer fsck {s.path}`")
-        size = int(pos.max()) + 1 if len(pos) else 0
-        fi, rw = np.full(size, -1, np.int64), np.full(size, -1, np.int64)
-        fi[pos], rw[pos] = file_idx, row
+        plan = cold_plan(s, bid)
+        if plan is None:
+            raise CorruptionError(f"cold batch {bid}: some of its rows are not in the lake's live files of run "
+                                  f"{s.run_id!r} any more; run `lakebuffer fsck {s.path}`")
+        _n, files, fi, rw = plan
         with s.lock:
             info = s.batches.get(bid)
             if info is None or info.tier != "cold":

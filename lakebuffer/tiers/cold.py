@@ -38,8 +38,8 @@ import pyarrow.parquet as pq
 from ..errors import CorruptionError
 from .base import Location, Staged, gather
 
-#: partition columns of the lake: in the Delta log, not in the Parquet files
-_PARTITION = ("run_id", "policy_bucket")
+#: Parquet footers kept (one per lake file read; a footer is a few KB per row group)
+MAX_FOOTERS = 256
 
 
 class StaleLocation(Exception):
@@ -88,6 +88,7 @@ class ColdTier:
         self._bytes: dict[int, int] = {}
         self._referenced: dict[str, dict] = {}  # lake path -> entry, of the files cold batches point at
         self._sql_entries: list[dict] | None = None  # None: exactly the referenced files
+        self._footers: dict[str, pq.FileMetaData] = {}  # lake path -> Parquet footer (bounded, oldest dropped)
         self._manifest: dict | None = None  # the run's latest manifest, until the lake changes (``invalidate``)
         self._version = 0
 
@@ -212,9 +213,11 @@ class ColdTier:
             group = np.searchsorted(starts, rows[sel], side="right") - 1
             for g in np.unique(group).tolist():
                 hit = sel[group == g]
+                # copy out the asked rows at once, so one decoded row group at a time is held (memory)
+                picked = self._group(lake, entry, pf, g, want).take(pa.array(rows[hit] - starts[g]))
                 which[hit] = len(tables)
-                local[hit] = rows[hit] - starts[g]
-                tables.append(self._group(lake, entry, pf, g, want))
+                local[hit] = np.arange(len(hit), dtype=np.int64)
+                tables.append(picked)
         out = gather(tables, which, local, want)
         if keys is not None and not pc.all(pc.equal(out.column("key"), pa.array(keys, pa.string()))).as_py():
             raise StaleLocation("a row is not the one its location named")
@@ -227,8 +230,15 @@ class ColdTier:
         store = lake.store
         try:
             verify_entry(store, entry)
-            return pq.ParquetFile(store.pafs.open_input_file(store.abs(entry["path"])),
-                                  page_checksum_verification=True)
+            md = self._footers.get(entry["path"])  # a file never changes under its name: its footer is read once
+            pf = pq.ParquetFile(store.pafs.open_input_file(store.abs(entry["path"])), metadata=md,
+                                page_checksum_verification=True)
+            if md is None:
+                with self._lock:
+                    self._footers[entry["path"]] = pf.metadata
+                    while len(self._footers) > MAX_FOOTERS:
+                        self._footers.pop(next(iter(self._footers)))
+            return pf
         except CorruptionError:
             if not self._live(lake, entry["path"]):
                 raise StaleLocation(entry["path"]) from None  # replaced and vacuumed: its rows live elsewhere
