@@ -37,10 +37,13 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def measure(lake: str, path: Path, mb: int, calls: int, n_keys: int, storage_options: dict | None) -> dict:
+def measure(lake: str, path: Path, mb: int, calls: int, n_keys: int, storage_options: dict | None,
+            row_group_mb: float | None = None) -> dict:
     total = mb << 20
     with lb.ReplayBuffer.open(path, lake=lake, storage_options=storage_options, memory_limit_mb=max(4, mb // 16),
                               snapshot_interval_s=0, disk_limit_gb=total / 4 / 2**30) as buf:
+        if row_group_mb:
+            buf.lake.row_group_bytes = int(row_group_mb * 2**20)  # a lake option (LakeOptions), default 32 MiB
         for i, t in enumerate(stream(total, batch_rows=128, run_id=buf.run_id)):
             buf.push(t.drop_columns(["key"]) if "key" in t.column_names else t)
             if i % 8 == 7:
@@ -70,6 +73,7 @@ def measure(lake: str, path: Path, mb: int, calls: int, n_keys: int, storage_opt
             "rows": {k: v["rows"] for k, v in st["tiers"].items()},
             "local_mb": round(st["disk"]["used_bytes"] / 2**20, 1),
             "lake_files": st["cold"]["files"],
+            "row_group_mb": buf.lake.row_group_bytes / 2**20,
             "keys_per_get": n_keys,
             "calls": calls,
             "first_cold_ms": round(first * 1e3, 1),
@@ -86,14 +90,16 @@ def main() -> None:
     ap.add_argument("--mb", type=int, default=64)
     ap.add_argument("--calls", type=int, default=40)
     ap.add_argument("--keys", type=int, default=256)
+    ap.add_argument("--row-group-mb", type=float, default=None, help="the lake's row group size (default 32)")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
     results = []
     with tempfile.TemporaryDirectory(prefix="cold-get-") as tmp:
-        results.append(measure(f"{tmp}/lake", Path(tmp) / "local", a.mb, a.calls, a.keys, None))
+        results.append(measure(f"{tmp}/lake", Path(tmp) / "local", a.mb, a.calls, a.keys, None, a.row_group_mb))
         print(json.dumps(results[-1]), flush=True)
         with MotoServer() as s3:
-            results.append(measure(s3.url("lake"), Path(tmp) / "s3", a.mb, a.calls, a.keys, s3.storage_options))
+            results.append(measure(s3.url("lake"), Path(tmp) / "s3", a.mb, a.calls, a.keys, s3.storage_options,
+                                   a.row_group_mb))
             print(json.dumps(results[-1]), flush=True)
     if a.out:
         a.out.write_text(json.dumps(results, indent=1) + "\n")

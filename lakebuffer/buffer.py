@@ -458,7 +458,8 @@ class ReplayBuffer:
             return f"ReplayBuffer({str(self.path)!r}, run_id={self.run_id!r}, closed)"
         st = self.stats()
         return (f"ReplayBuffer({str(self.path)!r}, run_id={self.run_id!r}, rows={st['rows']} "
-                f"(hot {st['hot']['rows']}, warm {st['warm']['rows']}), lake={self.lake_url!r}, "
+                f"(hot {st['hot']['rows']}, warm {st['warm']['rows']}, cold only {st['tiers']['cold']['rows']}), "
+                f"lake={self.lake_url!r}, "
                 f"memory_limit_mb={self.memory_limit_bytes / 2**20:g}, open)")
 
     def _repr_html_(self) -> str:
