@@ -101,6 +101,12 @@ def test_disk_limit_keeps_the_directory_under_budget_and_every_row_readable_iden
         # a payload predicate reaches cold rows too (it runs over ``rollouts``)
         hit = buf.sample(50, where="list_count(response_ids) = 256 AND reward >= 0", return_keys=True, seed=4)
         assert len(hit) == 50
+        # the datasets (a buffer source streams ``scan``): every row once over the shards, values intact
+        from lakebuffer.dataset.shuffle import iter_batches
+
+        shards = [pa.Table.from_batches(list(iter_batches(buf, columns=COLS, batch_size=500, shuffle=True,
+                                                          shard=i, num_shards=2))) for i in range(2)]
+        assert _same(_by_key(pa.concat_tables(shards)), expect)
     assert fsck(path)["ok"]
 
 
