@@ -276,3 +276,31 @@ def test_a_restore_into_a_fresh_directory_stays_within_the_disk_budget(tmp_path)
         keys = buf.sql("SELECT key FROM rollouts").column("key").to_pylist()
         assert len(keys) == len(set(keys)) == n
         assert buf.get(keys, ["key"]).column("key").to_pylist() == keys
+
+
+def test_cold_read_paths_stay_within_the_memory_bound(tmp_path):
+    """``lakebuffer.bench.memory`` (the issue's memory harness, RssAnon sampled in a child) with the disk
+    budget at 1/4 of the data, so most rows are cold: ``sql`` over payload, sample + ``get``, snapshot,
+    compact and fsck stay within ``budget x 1.3 + 300 MB`` at 16x a 32 MB budget.
+
+    Not yet within it at this small budget (measured, issue 16 report): ``scan``/datasets/a payload
+    sort over cold rows (~400-500 MB: DuckDB's scan of the lake's Parquet row groups), and push and
+    restore, which run snapshots (the lake writer's memory, measured over the bound without a disk
+    budget too)."""
+    from lakebuffer.bench.memory import bound_bytes
+
+    budget_mb, total = 32, 16 * 32 << 20
+    args = {"dir": str(tmp_path), "lake": str(tmp_path / "lake"), "bytes": total, "budget_mb": budget_mb,
+            "disk_limit_gb": total / 4 / 2**30}
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_ARENA_MAX": "2"}
+    out = subprocess.run([sys.executable, "-m", "lakebuffer.bench.memory", json.dumps(args)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=1500, env=env)
+    assert out.returncode == 0, out.stderr[-4000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    checked = {"sql_payload", "sample_get", "snapshot", "compact", "fsck"}
+    assert checked <= set(r["phases"])
+    peaks = {k: r["phases"][k]["peak_growth_bytes"] >> 20 for k in checked}
+    assert max(peaks.values()) <= bound_bytes(budget_mb) >> 20, f"MB (bound {bound_bytes(budget_mb) >> 20}): {peaks}"
+    with lb.ReplayBuffer.open(tmp_path / "buf", lake=str(tmp_path / "lake"), memory_limit_mb=budget_mb,
+                              snapshot_interval_s=0, disk_limit_gb=args["disk_limit_gb"]) as buf:
+        assert buf.stats()["tiers"]["cold"]["rows"] > r["rows"] // 2  # the paths did run over cold rows
