@@ -166,6 +166,8 @@ class DiskBudget:
     def relieve(self, extra: int = 0) -> int:
         """Move committed fragments to the cold tier until ``extra`` more bytes fit; bytes freed."""
         freed = 0
+        if not self.short(extra):
+            return 0
         for frag, infos in self.droppable():
             need = self.short(extra)
             if not need:
