@@ -36,7 +36,7 @@ import pyarrow.dataset as pds
 import pyarrow.parquet as pq
 
 from ..errors import CorruptionError
-from .base import Location, Staged, gather
+from .base import Location, ScannedDataset, Staged, gather
 
 #: Parquet footers kept (one per lake file read; a footer is a few KB per row group)
 MAX_FOOTERS = 256
@@ -46,7 +46,7 @@ class StaleLocation(Exception):
     """A cold location no longer holds its row (a compaction or delete rewrote the file): locate again."""
 
 
-class _ColdDataset(pds.InMemoryDataset):
+class _ColdDataset(ScannedDataset):
     """The lake files of the cold rows as DuckDB sees them: built, and each file verified against its
     sha256, only when a query actually reads them (DuckDB calls ``scanner`` then, not to bind a view),
     so a damaged lake file fails the queries that read it, not every query of the buffer."""
@@ -68,15 +68,6 @@ class _ColdDataset(pds.InMemoryDataset):
         # pages, and a sum over one column of 400 MB of cold rows grew RssAnon 143 MB instead of 50
         kwargs.setdefault("memory_pool", pa.system_memory_pool())
         return self._make().scanner(*args, **kwargs)
-
-    def count_rows(self, **kwargs: Any) -> int:
-        return self.scanner(filter=kwargs.get("filter")).count_rows()
-
-    def to_table(self, **kwargs: Any) -> pa.Table:
-        return self.scanner(**kwargs).to_table()
-
-    def to_batches(self, **kwargs: Any) -> Any:
-        return self.scanner(**kwargs).to_batches()
 
 
 class ColdTier:
