@@ -304,3 +304,24 @@ def test_cold_read_paths_stay_within_the_memory_bound(tmp_path):
     with lb.ReplayBuffer.open(tmp_path / "buf", lake=str(tmp_path / "lake"), memory_limit_mb=budget_mb,
                               snapshot_interval_s=0, disk_limit_gb=args["disk_limit_gb"]) as buf:
         assert buf.stats()["tiers"]["cold"]["rows"] > r["rows"] // 2  # the paths did run over cold rows
+
+
+@pytest.mark.parametrize("bad", [{"disk_limit_gb": 0}, {"disk_limit_gb": -1}, {"disk_limit_gb": "1"},
+                                 {"disk_free_floor_gb": -0.5}, {"disk_limit_gb": True}])
+def test_bad_disk_budgets_are_refused_before_anything_is_written(tmp_path, bad):
+    with pytest.raises(lb.LakeBufferError, match="must be a positive number of GB"):
+        lb.ReplayBuffer.open(tmp_path / "buf", **bad)
+    assert not (tmp_path / "buf").exists()
+
+
+def test_a_free_space_floor_the_disk_cannot_keep_backpressures_without_a_lake_copy(tmp_path):
+    """The floor alone (no disk_limit_gb): a disk with less free than it and nothing in the lake yet
+    pushes back; nothing is stored."""
+    import shutil
+
+    free_gb = shutil.disk_usage(tmp_path).free / 2**30
+    with lb.ReplayBuffer.open(tmp_path / "buf", lake=str(tmp_path / "lake"), snapshot_interval_s=0,
+                              disk_free_floor_gb=free_gb * 2, lake_timeout_s=30) as buf:
+        with pytest.raises(BackpressureError, match="disk budget"):
+            buf.push(make_rollouts(8))
+        assert len(buf) == 0
