@@ -32,6 +32,7 @@ from .catalog import Catalog
 from .engine import deletes, priorities, reads
 from .engine.budget import Budget
 from .engine.dirlock import DirLock
+from .engine.diskbudget import DiskBudget
 from .engine.ingest import Ingest
 from .engine.recovery import recover, refuse_damaged_index
 from .engine.replays import ReplayLog
@@ -47,6 +48,7 @@ from .results import Snapshot
 from .sandbox import QUERY_MEMORY_FLOOR
 from .schema import merge_schema, metadata_columns
 from .tiers import HotTier, WarmTier, WriteAheadLog, warm_path
+from .tiers.cold import ColdTier
 from .tiers.eviction import EvictionPolicy
 
 log = logging.getLogger("lakebuffer")
@@ -80,6 +82,8 @@ class ReplayBuffer:
         lake_timeout_s: float | None = 120.0,
         takeover: bool = False,
         evict: str = "lru",
+        disk_limit_gb: float | None = None,
+        disk_free_floor_gb: float | None = None,
     ) -> ReplayBuffer:
         """Open (creating or recovering) the buffer stored in directory ``path``.
 
@@ -96,6 +100,10 @@ class ReplayBuffer:
         ``takeover=True`` replaces the claim of a writer that is gone (crashed) for good.
         ``evict`` orders what leaves RAM first: ``"lru"``, ``"oldest_version"`` or a SQL keep priority
         over metadata columns, e.g. ``"policy_version * 10 + reward"`` (``lakebuffer.tiers.eviction``).
+        ``disk_limit_gb`` bounds the directory's WAL, warm fragments and index; ``disk_free_floor_gb`` keeps
+        that much free on its filesystem (default: 1 GB or 5 %, whichever is less). Past either, fragments
+        already in the lake leave local disk and are read from the lake (the cold tier); rows not in the
+        lake are snapshotted first, and if the lake cannot take them ``push`` raises ``BackpressureError``.
         """
         options = {k: v for k, v in locals().items() if k not in ("cls", "path")}
         return cls(Path(path), BufferOptions(**options))
@@ -161,13 +169,17 @@ class ReplayBuffer:
         self._budget = Budget(self.memory_limit_bytes, lambda: self._catalog.memory_bytes, s.lock,
                               rows=lambda: sum(i.rows for i in s.batches.values()))
         self._writeback = WriteBack(s, self._budget)
-        self._ingest = Ingest(s, self._budget, self._writeback, key_prefix=self.key_prefix,
-                              push_timeout_s=o.push_timeout_s)
         self._snapshots = Snapshots(s, self.lake, self.lake_url, self._writeback.installer, o.snapshot_interval_s,
                                     lake_error=lake_error, storage_options=o.storage_options,
                                     max_rows=o.snapshot_max_rows, max_bytes=o.snapshot_max_bytes,
                                     timeout_s=o.lake_timeout_s)
-        self._catalog.attach_tiers([s.hot, s.warm], s.lock)
+        s.cold = ColdTier(self._snapshots.current_lake, self.run_id, self.schema)
+        self._disk = DiskBudget(s, s.cold, o.disk_limit_bytes, o.disk_free_floor_bytes,
+                                snapshot=self._snapshots.snapshot_now)
+        self._snapshots.after_install = self._disk.relieve  # a restore stays within the disk budget
+        self._ingest = Ingest(s, self._budget, self._writeback, key_prefix=self.key_prefix,
+                              push_timeout_s=o.push_timeout_s, disk=self._disk)
+        self._catalog.attach_tiers([s.hot, s.warm, s.cold], s.lock)
         self._catalog.run_in_background(self.tasks, self.index.add_sample_counts,
                                         on_flushed=self._writeback.evict_past_high_mark)
         self._catalog.persist_priorities_with(self.index.set_priorities)
@@ -377,13 +389,21 @@ class ReplayBuffer:
         with self._state.lock:
             hot = self.hot.stats() | {"limit_bytes": self.memory_limit_bytes, "capacity_bytes": self._budget.hot_limit()}
             warm = self.warm.stats()
+            cold_only = self._state.cold.stats()
+            served = dict(self._state.served)
         return {
             "run_id": self.run_id,
             "path": str(self.path),
-            "rows": hot["rows"] + warm["rows"],
+            "rows": hot["rows"] + warm["rows"] + cold_only["rows"],
             "hot": hot,
             "warm": warm,
-            "cold": self._snapshots.stats() | {"restored_from": self.restored_from},
+            # the lake (every snapshotted row) and, under "only", the rows nothing local holds any more
+            "cold": self._snapshots.stats() | {"restored_from": self.restored_from, "only": cold_only},
+            "tiers": {"hot": {"rows": hot["rows"], "bytes": hot["bytes"]},
+                      "warm": {"rows": warm["rows"], "bytes": warm["bytes"]},
+                      "cold": {"rows": cold_only["rows"], "bytes": cold_only["bytes"]}},
+            "reads": {"rows_from": served},  # rows get() (and so sample) read from each tier
+            "disk": self._disk.stats(),
             "wal": {"segments": len(self.wal.ids()), "bytes": self.wal.nbytes()},
             "catalog": {"bytes": self._catalog.memory_bytes},
             "queues": self.tasks.stats(),
@@ -438,7 +458,8 @@ class ReplayBuffer:
             return f"ReplayBuffer({str(self.path)!r}, run_id={self.run_id!r}, closed)"
         st = self.stats()
         return (f"ReplayBuffer({str(self.path)!r}, run_id={self.run_id!r}, rows={st['rows']} "
-                f"(hot {st['hot']['rows']}, warm {st['warm']['rows']}), lake={self.lake_url!r}, "
+                f"(hot {st['hot']['rows']}, warm {st['warm']['rows']}, cold only {st['tiers']['cold']['rows']}), "
+                f"lake={self.lake_url!r}, "
                 f"memory_limit_mb={self.memory_limit_bytes / 2**20:g}, open)")
 
     def _repr_html_(self) -> str:

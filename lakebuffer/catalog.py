@@ -122,7 +122,8 @@ class Catalog:
             self.con.unregister("meta_seed")
             self.con.execute(sql_text("priority_table"))
             self.con.execute(sql_text("replay_table"))
-            self._register_sources({"hot_data": self._empty, "warm_data": self._empty})
+            self._register_sources({"hot_data": self._empty, "warm_data": self._empty, "cold_data": self._empty,
+                                    "cold_batches": pa.table({"_batch": pa.array([], pa.int64())})})
 
     # registration ------------------------------------------------------------------------
     def attach_tiers(self, tiers: Sequence[Tier], lock: Any) -> None:
@@ -137,11 +138,18 @@ class Catalog:
         with self._tiers_lock:
             state = tuple(t.version for t in self._tiers)
             if state != self._synced:
-                self._register_sources({f"{t.name}_data": t.arrow_source() for t in self._tiers})
+                sources: dict[str, Any] = {}
+                for t in self._tiers:  # a tier with more than one object (the cold tier) names them itself
+                    sources.update(t.sources() if hasattr(t, "sources") else {f"{t.name}_data": t.arrow_source()})
+                self._register_sources(sources)
                 self._synced = state
 
     def _register_sources(self, sources: dict[str, Any]) -> None:
-        self.define_views(sources, [sql_text("tier_views"), sql_text("rollouts_view")])
+        self.define_views(sources, [self.render("tier_views", cold_columns=self.columns_sql()), sql_text("rollouts_view")])
+
+    def columns_sql(self) -> str:
+        """The buffer's columns, quoted, in order (the cold rows' projection: the lake adds partition columns)."""
+        return ", ".join('"' + c.replace('"', '""') + '"' for c in self.schema.names)
 
     def define_views(self, sources: dict[str, Any], statements: Sequence[str]) -> None:
         """Register Arrow objects by name, then run the statements that define views over them."""

@@ -26,6 +26,10 @@ def tier_rows(st: dict[str, Any]) -> list[tuple[str, int, str, Any, str]]:
         url = cold.get("url") or st.get("url") or "-"
         out.append(("cold", cold.get("rows", 0), _mb(cold.get("bytes", 0)), cold.get("files", 0),
                     f"{url}, last snapshot {cold.get('last_snapshot_id')}"))
+        only = cold.get("only")
+        if only and only.get("rows"):
+            out.append(("cold only", only["rows"], _mb(only["bytes"]), only.get("files", ""),
+                        "rows no local tier holds (read from the lake)"))
     return out
 
 

@@ -133,6 +133,14 @@ def _check(path: Path, repair: bool, lake_url: str | None, storage_options: dict
                 except CorruptionError as e:
                     problems.append(f"batch {bid}: {e}")
                     broken.append(bid)
+            elif info.tier == "cold":  # only the lake holds it: the index must say where (the lake is checked by --lake)
+                locs = index.cold_locations(bid)
+                _, pos, known = index.lookup(keys)
+                placed = 0
+                if locs is not None and known.all() and (pos < len(locs[1])).all():
+                    placed = int((locs[1][pos] >= 0).sum())
+                if placed != info.rows:
+                    problems.append(f"batch {bid}: cold, but the index places {placed} of its {info.rows} rows in the lake")
             else:
                 if bid not in wal_ids:
                     problems.append(f"batch {bid}: hot batch has no WAL segment (lost in a crash in memory mode?)")

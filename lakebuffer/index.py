@@ -11,6 +11,9 @@ Layout (one keyspace, prefixes keep scans cheap):
 ``sc/<key>``       -> ``>i`` replays of a rollout since its push
 ``pr/<key>``       -> ``>d`` priority set by ``update_priority`` (absent: the sampler's expression)
 ``c/<name>``       -> counters (next key sequence, next batch id); ``s/<name>`` -> schema, run id
+``l/<batch:>Q>``   -> a cold batch's row locations: ``>I`` length of a JSON list of lake file entries,
+                      the JSON, then per position an int32 file index (-1: deleted slot) and an int64
+                      row in that file (little-endian arrays: a ``get`` decodes them with no copy)
 ``p/<batch:>Q>``   -> an install in flight (written before its fragment, removed with its record), so
                       recovery can tell a crashed install's fragment from rows a damaged index lost
 A batch's entries are written in one ``WriteBatch``, so the index never holds half a push.
@@ -41,6 +44,7 @@ _LOC = struct.Struct(">QI")
 _LOC_DTYPE = np.dtype([("batch", ">u8"), ("pos", ">u4")])  # the same layout, decoded by NumPy
 _NO_LOC = bytes(_LOC.size)
 _U64 = struct.Struct(">Q")
+_U32 = struct.Struct(">I")
 _I32 = struct.Struct(">i")
 _F64 = struct.Struct(">d")
 
@@ -48,7 +52,7 @@ _F64 = struct.Struct(">d")
 @dataclass
 class BatchInfo:
     batch_id: int
-    tier: str  # "hot" (RAM, and the WAL in wal mode) or "warm" (an Arrow IPC fragment file)
+    tier: str  # "hot" (RAM, and the WAL in wal mode), "warm" (an Arrow IPC fragment file) or "cold" (the lake only)
     rows: int
     fragment: int | None = None
     offset: int = 0  # first row of this batch inside its fragment (small batches share one)
@@ -263,6 +267,7 @@ class KeyIndex:
             wb.put(b"k/" + k.encode(), _LOC.pack(bid, pos))
         if info.rows == 0:
             wb.delete(_bkey(b"b/", bid))
+            wb.delete(_bkey(b"l/", bid))
             wb.delete(_bkey(b"m/", bid), self._meta_cf)
         else:
             wb.put(_bkey(b"b/", bid), json.dumps(asdict(info)).encode())
@@ -277,8 +282,39 @@ class KeyIndex:
             wb.delete(b"sc/" + k.encode())
             wb.delete(b"pr/" + k.encode())
         wb.delete(_bkey(b"b/", batch_id))
+        wb.delete(_bkey(b"l/", batch_id))
         wb.delete(_bkey(b"m/", batch_id), self._meta_cf)
         self._db.write(wb)
+
+    def set_cold(self, moves: Iterable[tuple[BatchInfo, list[dict], np.ndarray, np.ndarray]]) -> None:
+        """Record batches as cold in one write: each one's ``BatchInfo`` and its rows' lake locations
+        (``files``: lake file entries ``{path, bytes}``; ``file[i]``/``row[i]``: where position i lives)."""
+        wb = WriteBatch(raw_mode=True)
+        for info, files, file_idx, row in moves:
+            head = json.dumps(files).encode()
+            blob = (_U32.pack(len(head)) + head + np.asarray(file_idx, "<i4").tobytes()
+                    + np.asarray(row, "<i8").tobytes())
+            wb.put(_bkey(b"b/", info.batch_id), json.dumps(asdict(info)).encode())
+            wb.put(_bkey(b"l/", info.batch_id), blob)
+        self._db.write(wb)
+
+    def cold_locations(self, batch_id: int) -> tuple[list[dict], np.ndarray, np.ndarray] | None:
+        """(lake file entries, file index per position, row in that file per position) of a cold batch."""
+        blob = self._get(_bkey(b"l/", batch_id))
+        if blob is None:
+            return None
+        try:
+            n_head = _U32.unpack_from(blob)[0]
+            files = json.loads(blob[4 : 4 + n_head])
+            body = memoryview(blob)[4 + n_head :]
+            n = len(body) // 12
+            if len(body) != n * 12:
+                raise ValueError(f"{len(body)} bytes of locations")
+            file_idx = np.frombuffer(body[: 4 * n], "<i4").astype(np.int64)
+            row = np.frombuffer(body[4 * n :], "<i8").astype(np.int64)
+        except (struct.error, ValueError) as e:
+            raise damaged(self.path, f"the lake locations of cold batch {batch_id} are unreadable: {e}") from e
+        return files, file_idx, row
 
     def add_sample_counts(self, keys: list[str], counts: list[int]) -> None:
         """Add replays to each key's persisted count (``sc/`` holds the increment since push)."""

@@ -41,12 +41,19 @@ class BufferOptions:
     snapshot_max_bytes: int | None = 512 * 2**20
     lake_timeout_s: float | None = 120.0  # overall deadline of one snapshot or restore
     evict: str = "lru"  # which hot batches leave RAM first (lakebuffer.tiers.eviction)
+    disk_limit_gb: float | None = None  # local disk budget of the directory (engine/diskbudget); None: unlimited
+    disk_free_floor_gb: float | None = None  # keep this free on the filesystem; None: 1 GB or 5 %, whichever is less
 
 
     def __post_init__(self) -> None:
         from .tiers.eviction import EvictionPolicy
 
         EvictionPolicy(self.evict)  # syntax now, before any file is touched; columns once the schema is known
+        for name in ("disk_limit_gb", "disk_free_floor_gb"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0
+                                  or (name == "disk_limit_gb" and v == 0)):
+                raise OptionError(f"{name} must be a positive number of GB or None, not {v!r}")
         if self.lake_timeout_s is not None and not self.lake_timeout_s > 0:
             raise OptionError(f"lake_timeout_s must be positive or None, not {self.lake_timeout_s!r}")
         for name in ("snapshot_max_rows", "snapshot_max_bytes"):
@@ -65,6 +72,14 @@ class BufferOptions:
     @property
     def memory_limit_bytes(self) -> int:
         return int((self.memory_limit_mb if self.memory_limit_mb is not None else DEFAULT_MEMORY_LIMIT_MB) * 2**20)
+
+    @property
+    def disk_limit_bytes(self) -> int | None:
+        return None if self.disk_limit_gb is None else int(self.disk_limit_gb * 2**30)
+
+    @property
+    def disk_free_floor_bytes(self) -> int | None:
+        return None if self.disk_free_floor_gb is None else int(self.disk_free_floor_gb * 2**30)
 
     @property
     def periodic_snapshots(self) -> bool:

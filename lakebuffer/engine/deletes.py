@@ -71,6 +71,9 @@ def _delete_locked(s: BufferState, keys, where) -> int:
                     s.wal.write(bid, kept.table)
             else:
                 s.wal.remove(bid)
+        elif info.tier == "cold":  # nothing local to rewrite: the tombstones below reach the lake
+            if s.cold is not None:
+                s.cold.forget(bid, info.rows)
         else:
             warm_gone.extend(removed)
             warm_parts.add(info.fragment)

@@ -31,8 +31,9 @@ def now_us() -> np.datetime64:
 
 class Ingest:
     def __init__(self, state: BufferState, budget: Budget, writeback: WriteBack, *, key_prefix: str,
-                 push_timeout_s: float) -> None:
+                 push_timeout_s: float, disk: Any = None) -> None:
         self.s = state
+        self.disk = disk  # ``DiskBudget``: room on local disk first (rows already in the lake leave)
         self.budget = budget
         self.writeback = writeback
         self.key_prefix = key_prefix
@@ -52,6 +53,8 @@ class Ingest:
             return pa.array([], pa.string())
         table = table.combine_chunks()
         nbytes = table_bytes(table)
+        if self.disk is not None:
+            self.disk.admit(nbytes)  # BackpressureError, nothing stored, when nothing can leave
         if nbytes > self.budget.hot_limit() * EVICT_LOW:
             self._push_direct(table)
         else:

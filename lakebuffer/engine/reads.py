@@ -14,10 +14,12 @@ import pyarrow as pa
 
 from .. import predicate
 from ..catalog import stream
-from ..errors import KeyNotFoundError, QueryError
+from ..errors import CorruptionError, KeyNotFoundError, QueryError
 from ..schema import key_list, projection
 from ..tiers import Location
 from ..tiers.base import gather
+from ..tiers.cold import StaleLocation
+from .diskbudget import cold_plan
 from .state import BufferState
 
 
@@ -36,8 +38,12 @@ def get(s: BufferState, keys: Sequence[str] | pa.Array, columns: Sequence[str] |
             raise KeyNotFoundError(f"key {keys[int(np.flatnonzero(~found)[0])]!r} is not in the buffer")
         uniq, first = np.unique(batch, return_inverse=True)
         in_hot = np.array([s.hot.get(int(b)) is not None for b in uniq.tolist()], dtype=bool)
+        in_cold = np.array([not h and s.batches[int(b)].tier == "cold" for b, h in zip(uniq.tolist(), in_hot)],
+                           dtype=bool)
+        in_warm = ~in_hot & ~in_cold
         hot_rows = np.flatnonzero(in_hot[first])
-        warm_rows = np.flatnonzero(~in_hot[first])
+        warm_rows = np.flatnonzero(in_warm[first])
+        cold_rows = np.flatnonzero(in_cold[first])
         parts: list[pa.Table] = []
         order: list[np.ndarray] = []
         if len(hot_rows):
@@ -46,18 +52,78 @@ def get(s: BufferState, keys: Sequence[str] | pa.Array, columns: Sequence[str] |
         if len(warm_rows):
             frag = np.empty(len(uniq), dtype=np.int64)
             offset = np.zeros(len(uniq), dtype=np.int64)
-            for i in np.flatnonzero(~in_hot).tolist():
+            for i in np.flatnonzero(in_warm).tolist():
                 info = s.batches[int(uniq[i])]
                 frag[i], offset[i] = info.fragment, info.offset
             where = Location.of(frag[first[warm_rows]], offset[first[warm_rows]] + pos[warm_rows])
         warm = s.warm
+        s.served["hot"] += len(hot_rows)
+        s.served["warm"] += len(warm_rows)
+        s.served["cold"] += len(cold_rows)
     if len(warm_rows):
         parts.append(warm.take(where, fetch).select(fetch))
         order.append(warm_rows)
+    if len(cold_rows):
+        parts.append(_take_cold(s, [keys[i] for i in cold_rows.tolist()], batch[cold_rows], pos[cold_rows], fetch))
+        order.append(cold_rows)
     table = _in_order([p.cast(out_schema) for p in parts], order, out_schema)
     if "sample_count" in cols:
         table = s.catalog.live_counts(table)
     return table.select(cols)
+
+
+def _take_cold(s: BufferState, keys: list[str], batch: np.ndarray, pos: np.ndarray, columns: list[str]) -> pa.Table:
+    """Cold rows from their lake locations; a stale location (compaction, lake deletes) is found again,
+    recorded, and read once more."""
+    for attempt in (0, 1):
+        where = _cold_locations(s, batch, pos)
+        try:
+            return s.cold.take_checked(where, columns, keys)
+        except StaleLocation:
+            if attempt:
+                raise CorruptionError(f"rows of cold batches {sorted(set(batch.tolist()))} are not where the lake's "
+                                      f"files say; run `lakebuffer fsck {s.path}`") from None
+            relocate(s, sorted(set(batch.tolist())))
+    raise AssertionError("unreachable")
+
+
+def _cold_locations(s: BufferState, batch: np.ndarray, pos: np.ndarray) -> Location:
+    """(file number, row in file) of each (cold batch, position), from the index's location records."""
+    part = np.empty(len(batch), np.int64)
+    row = np.empty(len(batch), np.int64)
+    for b in np.unique(batch).tolist():
+        locs = s.index.cold_locations(b)
+        if locs is None:
+            raise CorruptionError(f"cold batch {b}: its lake locations are missing from the key index; "
+                                  f"run `lakebuffer fsck --repair {s.path}`")
+        files, file_idx, rows = locs
+        numbers = np.array([s.cold.number(e) for e in files], np.int64)
+        sel = np.flatnonzero(batch == b)
+        part[sel] = numbers[file_idx[pos[sel]]]
+        row[sel] = rows[pos[sel]]
+    return Location(part, row)
+
+
+def relocate(s: BufferState, batch_ids: list[int]) -> None:
+    """Find the rows of cold batches in the lake's live files again and record where they are now."""
+    s.cold.invalidate()
+    moves = []
+    for bid in batch_ids:
+        plan = cold_plan(s, bid)
+        if plan is None:
+            raise CorruptionError(f"cold batch {bid}: some of its rows are not in the lake's live files of run "
+                                  f"{s.run_id!r} any more; run `lakebuffer fsck {s.path}`")
+        _n, files, fi, rw = plan
+        with s.lock:
+            info = s.batches.get(bid)
+            if info is None or info.tier != "cold":
+                continue
+            info.files = [f["path"] for f in files]
+            moves.append((info, files, fi, rw))
+    with s.lock:
+        s.index.set_cold(moves)
+        for info, files, _fi, _rw in moves:
+            s.cold.admit(info.batch_id, info.rows, info.nbytes, files)
 
 
 def _in_order(parts: list[pa.Table], order: list[np.ndarray], schema: pa.Schema) -> pa.Table:
@@ -98,7 +164,11 @@ def scan(s: BufferState, where: str | None, columns: Sequence[str] | None, batch
     cols = list(columns) if columns is not None else list(s.schema.names)
     with s.lock:
         tables = {f"{t.name}_data": t.arrow_source() for t in (s.hot, s.warm)}
-    sql = s.catalog.render("scan", columns=", ".join(f'"{c}"' for c in cols), where=pred)
+        tables.update(s.cold.sources())
+        # the cold rows' keys, as of this snapshot (keys only: ~20 bytes a cold row)
+        tables["cold_keys"] = s.catalog.query(s.catalog.render("cold_keys"), sync=False, cold_batches_now=tables.pop("cold_batches"))
+    sql = s.catalog.render("scan", columns=", ".join(f'"{c}"' for c in cols), where=pred,
+                           cold_columns=s.catalog.columns_sql())
     try:
         yield from stream(sql, tables, batch_size, memory_limit_bytes=s.catalog.memory_limit_bytes,
                           spill_dir=s.catalog.spill_dir)

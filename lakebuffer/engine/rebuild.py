@@ -90,6 +90,29 @@ def _readable_settings(index_dir: Path) -> dict[str, bytes]:
     return {k: settings[k] for k in _CARRIED if k in settings}
 
 
+def _index_cold(index: KeyIndex, lake_url: str, storage_options: dict | None, run_id: str, schema: pa.Schema,
+                meta_cols: list[str], keys: list[str], sid: int | None, next_bid: int) -> tuple[int, int]:
+    """Record ``keys`` (in the lake, in no local tier) as cold batches, one per lake file; (next batch id, rows)."""
+    from ..lake import Lake
+    from ..tiers import Location
+    from ..tiers.cold import ColdTier
+
+    lake = Lake(lake_url, storage_options)
+    cold = ColdTier(lambda: lake, run_id, schema)
+    files, file_idx, row, found = cold.locate(keys)
+    n = 0
+    for i, entry in enumerate(files):
+        sel = np.flatnonzero(found & (file_idx == i))
+        part = np.full(len(sel), cold.number(entry), np.int64)
+        meta = cold.take_checked(Location(part, row[sel]), meta_cols, [keys[j] for j in sel.tolist()])
+        info = BatchInfo(batch_id=next_bid, tier="cold", rows=len(sel), files=[entry["path"]], snapshot=sid)
+        index.record_batch(info, meta.column("key").to_pylist(), meta)
+        index.set_cold([(info, [entry], np.zeros(len(sel), np.int64), row[sel])])
+        next_bid += 1
+        n += len(sel)
+    return next_bid, n
+
+
 def rebuild_index(path: Path, lake_url: str | None, storage_options: dict | None) -> dict[str, Any]:
     """Build a new index from ``path``'s fragments and WAL; ``{"repaired", "problems", "lost_keys"}``."""
     repaired: list[str] = []
@@ -197,6 +220,13 @@ def rebuild_index(path: Path, lake_url: str | None, storage_options: dict | None
             index.record_batch(info, keys, table.select(meta_cols))
             all_keys.append(table.column("key").combine_chunks())
             rows += len(keys)
+        missing = sorted(lake_keys - seen)
+        if missing:  # rows that had left local disk (the cold tier): indexed where the lake holds them
+            next_bid, n = _index_cold(index, lake_url, storage_options, run_id, schema, meta_cols, missing, sid, next_bid)
+            repaired.append(f"indexed {n} rows only the lake holds (cold) where its files hold them")
+            all_keys.append(pa.array(missing, pa.string()))
+            seen.update(missing)
+            rows += n
         seq = _next_seq(pa.chunked_array(all_keys, pa.string())) if all_keys else 0
         if manifest:
             seq = max(seq, int(manifest.get("meta", {}).get("next_seq", 0)))

@@ -126,6 +126,15 @@ def recover(s: BufferState, writeback: WriteBack) -> None:
         if info.tier == "warm":
             s.batches[bid] = info
             continue
+        if info.tier == "cold":  # only the lake holds its rows: the index says where
+            locs = s.index.cold_locations(bid)
+            if locs is None:
+                raise CorruptionError(f"batch {bid} of {s.path} is cold but its lake locations are missing from the "
+                                      f"key index; nothing was changed: run `lakebuffer fsck --repair {s.path}`")
+            s.batches[bid] = info
+            if s.cold is not None:
+                s.cold.admit(bid, info.rows, info.nbytes, locs[0])
+            continue
         if bid in wal_ids:
             s.hot.add(bid, s.wal.read(bid))  # checks the segment's crc32
             s.batches[bid] = info

@@ -109,10 +109,15 @@ class Snapshots:
         self._timer: threading.Thread | None = None
         self.writer_id: str | None = None  # set by claim(): this buffer's id as the run's writer
         self._claimed = False  # whether this buffer holds the run's claim on the lake
+        self.after_install: Any = lambda: None  # called after each fragment a restore installs (disk budget)
 
     @property
     def periodic(self) -> bool:
         return bool(self.interval_s and self.interval_s > 0)
+
+    def current_lake(self) -> Lake:
+        """The lake for reads of the cold tier (``LakeError`` while it is damaged)."""
+        return self._lake()
 
     def _lake(self) -> Lake:
         """The lake, reopened if it was damaged at open (``LakeError`` while it still is)."""
@@ -408,6 +413,7 @@ class Snapshots:
                             table = table.filter(pa.array(~found))
                     if table.num_rows:
                         self.installer.install(table, snapshot=sid)
+                        self.after_install()
                 except CorruptionError as e:
                     raise self._local_damage(e) from e
                 done += n
@@ -445,6 +451,11 @@ class Snapshots:
             lake = self._lake()
             st = lake.stats(self.s.run_id)
             self.s.catalog.register_lake(lake, self.s.run_id)
+            if self.s.cold is not None:
+                self.s.cold.invalidate()
+            if self.s.cold is not None and self.s.cold.batch_ids():
+                m = lake.latest_manifest(self.s.run_id)
+                self.s.cold.refresh(m["files"] if m else [])
         except (LakeError, CorruptionError) as e:
             log.warning("lake %s is not readable now: %s", self.lake_url, e)
             self._last["error"] = str(damaged_lake(self.lake_url, e) if isinstance(e, CorruptionError) else e)

@@ -17,6 +17,7 @@ import pyarrow as pa
 from ..catalog import Catalog
 from ..index import BatchInfo, KeyIndex
 from ..tiers import HotTier, WarmTier, WriteAheadLog
+from ..tiers.cold import ColdTier
 from .tasks import TaskQueue
 
 
@@ -35,6 +36,8 @@ class BufferState:
     tasks: TaskQueue
     lock: threading.RLock = field(default_factory=threading.RLock)
     batches: dict[int, BatchInfo] = field(default_factory=dict)
+    cold: ColdTier | None = None  # rows only the lake holds (``engine/diskbudget`` moves them there)
+    served: dict[str, int] = field(default_factory=lambda: {"hot": 0, "warm": 0, "cold": 0})  # rows ``get`` read, per tier
 
     def meta_of(self, batch_id: int, table: pa.Table) -> pa.Table:
         """The catalog rows of a batch: its metadata columns plus ``_batch``."""

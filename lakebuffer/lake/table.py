@@ -396,6 +396,16 @@ class Lake:
             verify_entries(self.store, entries)
         return ds.FileSystemDataset([self._fragment(f, fs) for f in entries], full, self._format, fs)
 
+    def dataset_of(self, entries: list[dict], schema: pa.Schema, *, verify: bool | None = None) -> ds.Dataset:
+        """A pyarrow dataset over these committed file entries only (the buffer's cold tier: the files
+        that hold its cold-only rows), verified like ``dataset``."""
+        verify = self.options.verify_reads if verify is None else verify
+        if verify:
+            verify_entries(self.store, entries)
+        fs = self.store.pafs
+        return ds.FileSystemDataset([self._fragment(f, fs) for f in entries], self._dataset_schema({}, schema),
+                                    self._format, fs)
+
     def register(self, con: Any, view: str = "cold", run_id: str | None = None) -> None:
         """Create or replace the DuckDB view ``view`` over the table's live rows.
 

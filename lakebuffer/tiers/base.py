@@ -23,6 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.dataset as pds
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,24 @@ def _runs(chunk: np.ndarray, row: np.ndarray) -> list[tuple[int, int, int]]:
     first = np.concatenate([[0], brk])
     lengths = np.diff(np.concatenate([first, [len(row)]]))
     return list(zip(chunk[first].tolist(), row[first].tolist(), lengths.tolist()))
+
+
+class ScannedDataset(pds.InMemoryDataset):
+    """A dataset whose every read goes through its ``scanner`` (DuckDB calls it when a query reads the
+    tier, not to bind a view): subclasses verify, filter or build the real dataset there; what a
+    caller other than DuckDB may ask is answered by the same scan."""
+
+    def count_rows(self, **kwargs: Any) -> int:
+        return self.scanner(filter=kwargs.get("filter")).count_rows()
+
+    def to_table(self, **kwargs: Any) -> pa.Table:
+        return self.scanner(**kwargs).to_table()
+
+    def to_batches(self, **kwargs: Any) -> Any:
+        return self.scanner(**kwargs).to_batches()
+
+    def head(self, num_rows: int, **kwargs: Any) -> pa.Table:
+        return self.scanner(**kwargs).head(num_rows)
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ import pyarrow.dataset as pds
 from crc32c import crc32c
 
 from ..errors import CorruptionError, LakeBufferError, StorageError, error_boundary
-from .base import Location, Staged, gather
+from .base import Location, ScannedDataset, Staged, gather
 from .checksum import repair_hint
 from .wal import _FOOTER, _MAGIC, WriteAheadLog
 
@@ -132,7 +132,7 @@ def _warm_error(tier: WarmTier, e: BaseException) -> LakeBufferError | None:
     return None
 
 
-class _WarmDataset(pds.InMemoryDataset):
+class _WarmDataset(ScannedDataset):
     """The warm fragments as DuckDB sees them: a scan first verifies and maps every fragment.
 
     DuckDB calls ``scanner`` when a query actually reads the warm tier (not to bind a view), so a
@@ -156,19 +156,6 @@ class _WarmDataset(pds.InMemoryDataset):
             live = pc.field("key") != pa.scalar(DELETED_KEY)
             kwargs["filter"] = live if kwargs.get("filter") is None else kwargs["filter"] & live
         return real.scanner(*args, **kwargs)
-
-    # what a caller other than DuckDB may ask: answered by the same verified, filtered scan
-    def count_rows(self, **kwargs: Any) -> int:
-        return self.scanner(filter=kwargs.get("filter")).count_rows()
-
-    def to_table(self, **kwargs: Any) -> pa.Table:
-        return self.scanner(**kwargs).to_table()
-
-    def to_batches(self, **kwargs: Any) -> Any:
-        return self.scanner(**kwargs).to_batches()
-
-    def head(self, num_rows: int, **kwargs: Any) -> pa.Table:
-        return self.scanner(**kwargs).head(num_rows)
 
 
 @error_boundary(_warm_error)
@@ -459,6 +446,10 @@ class WarmTier:
                 c = (0, 0, 0)  # unreadable: reads of it raise CorruptionError; stats just cannot count it
             self._counts[f] = c
         return c
+
+    def fragment_bytes(self, f: int) -> int:
+        """Bytes of fragment ``f`` on disk."""
+        return self._counts_of(int(f))[2]
 
     def stats(self) -> dict[str, int]:
         ids = self.fragment_ids()

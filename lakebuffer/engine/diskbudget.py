@@ -1,0 +1,210 @@
+"""The local disk budget: ``disk_limit_gb`` over the buffer directory, and a free-space floor.
+
+What counts: the WAL, the warm fragments and the key index (the directory's own data; a local lake
+inside the directory is the lake's budget, and DuckDB's spill folder is the query's). The floor keeps
+``disk_free_floor_gb`` free on the filesystem (default: 1 GB or 5 % of it, whichever is less).
+
+When a push would pass either, warm fragments whose rows are ALL committed to the lake leave local
+disk, oldest first (fragment ids grow with time): the index first records where each of their rows
+is in the lake (``ColdTier.locate``, then ``KeyIndex.set_cold`` in one write), then the file is
+removed. A crash in between leaves a fragment whose every key the index places elsewhere, which
+recovery drops (``recovery.unexplained_fragments``): nothing is lost or seen twice.
+
+A batch not yet in the lake never leaves: the push first snapshots (so its predecessors become
+droppable); if the lake cannot take it (unreachable, damaged) and the budget is still passed, the
+push raises ``BackpressureError`` and stores nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import BackpressureError, LakeBufferError
+from ..index import BatchInfo
+from ..tiers.cold import ColdTier
+from .state import BufferState
+
+log = logging.getLogger("lakebuffer")
+
+GB = 2**30
+#: the default free-space floor: this much, or FLOOR_FRACTION of the filesystem when that is less
+FLOOR_BYTES = 1 * GB
+FLOOR_FRACTION = 0.05
+
+
+def dir_bytes(path: Path) -> int:
+    """Bytes of the regular files under ``path`` (recursively; vanished files skipped)."""
+    total = 0
+    stack = [str(path)]
+    while stack:
+        try:
+            it = os.scandir(stack.pop())
+        except OSError:
+            continue
+        with it:
+            for e in it:
+                try:
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(e.path)
+                    elif e.is_file(follow_symlinks=False):
+                        total += e.stat(follow_symlinks=False).st_size
+                except OSError:
+                    pass
+    return total
+
+
+def cold_plan(s: BufferState, batch_id: int) -> tuple[int, list[dict], np.ndarray, np.ndarray] | None:
+    """Where the lake's live files hold the rows of one batch: (live rows, file entries, file index and
+    row in file per position in the batch, -1 for a deleted slot), or None if a row is not in the lake."""
+    meta = s.index.batch_meta(batch_id)
+    keys = meta.column("key").to_pylist() if meta is not None else []
+    _, pos, found = s.index.lookup(keys)
+    files, file_idx, row, located = s.cold.locate(keys)
+    if not (found.all() and located.all()):
+        return None
+    size = int(pos.max()) + 1 if len(pos) else 0
+    fi, rw = np.full(size, -1, np.int64), np.full(size, -1, np.int64)
+    fi[pos], rw[pos] = file_idx, row
+    return len(keys), files, fi, rw
+
+
+class DiskBudget:
+    """Keeps the buffer directory under ``limit_bytes`` and the filesystem above its free floor."""
+
+    def __init__(self, s: BufferState, cold: ColdTier, limit_bytes: int | None, floor_bytes: int | None,
+                 snapshot: Callable[[], object]) -> None:
+        self.s = s
+        self.cold = cold
+        self.limit = limit_bytes
+        if floor_bytes is None:
+            floor_bytes = min(FLOOR_BYTES, int(shutil.disk_usage(s.path).total * FLOOR_FRACTION))
+        self.floor = floor_bytes
+        self._snapshot = snapshot
+        self.moved_fragments = 0
+        self._scores: dict[int, float | None] = {}  # fragment -> keep priority (evict=), scored once
+
+    # measuring -------------------------------------------------------------------------------
+    def usage(self) -> int:
+        """Local bytes of WAL, warm fragments and index."""
+        s = self.s
+        return s.wal.nbytes() + s.warm.stats()["bytes"] + dir_bytes(s.path / "index")
+
+    def short(self, extra: int = 0) -> int:
+        """How many bytes must leave for ``extra`` more to fit (0 when they fit)."""
+        need = 0
+        if self.limit is not None:
+            need = max(need, self.usage() + extra - self.limit)
+        if self.floor:
+            need = max(need, self.floor + extra - shutil.disk_usage(self.s.path).free)
+        return need
+
+    def stats(self) -> dict:
+        return {"limit_bytes": self.limit, "free_floor_bytes": self.floor, "used_bytes": self.usage(),
+                "free_bytes": shutil.disk_usage(self.s.path).free, "fragments_moved_to_lake": self.moved_fragments}
+
+    # the push's admission ----------------------------------------------------------------------
+    def admit(self, nbytes: int) -> None:
+        """Make room for a push of ``nbytes`` (see the module); ``BackpressureError`` if there is none."""
+        if not self.short(nbytes):
+            return
+        try:
+            self.relieve(nbytes)
+            if not self.short(nbytes):
+                return
+            self._snapshot()  # what is not in the lake cannot leave: put it there first
+            self.relieve(nbytes)
+        except LakeBufferError as e:
+            raise BackpressureError(
+                f"the buffer directory {self.s.path} is past its disk budget ({self._describe()}) and the lake "
+                f"failed ({e}), so nothing can leave local disk; the batch was not stored. Push again once the lake "
+                "is reachable, or raise disk_limit_gb / free disk space") from e
+        if self.short(nbytes):
+            raise BackpressureError(
+                f"the buffer directory {self.s.path} is past its disk budget ({self._describe()}) and nothing more can "
+                "leave local disk (hot batches' WAL and the index stay); the batch was not stored: raise "
+                "disk_limit_gb, lower memory_limit_mb, or free disk space")
+
+    def _describe(self) -> str:
+        lim = f"{self.usage()} of disk_limit {self.limit} bytes used" if self.limit is not None else "no disk_limit"
+        return f"{lim}, {shutil.disk_usage(self.s.path).free} bytes free, floor {self.floor}"
+
+    # moving fragments to the cold tier ---------------------------------------------------------
+    def droppable(self) -> list[tuple[int, list[BatchInfo]]]:
+        """Warm fragments whose batches are all committed to the lake, with their batches, in the order
+        they leave: lowest keep priority first under an ``evict=`` priority, else (and on ties) oldest first."""
+        s = self.s
+        with s.lock:
+            by_frag: dict[int, list[BatchInfo]] = {}
+            blocked: set[int] = set()
+            for info in s.batches.values():
+                if info.tier != "warm":
+                    continue
+                by_frag.setdefault(info.fragment, []).append(info)
+                if info.snapshot is None or info.snapshot < 0:
+                    blocked.add(info.fragment)
+            out = [(f, by_frag[f]) for f in sorted(by_frag) if f not in blocked]
+        policy = s.hot.policy
+        if policy.by_recency:
+            return out
+        scores = {f: self._score(f, infos) for f, infos in out}
+        return sorted(out, key=lambda fi: (scores[fi[0]] is not None, scores[fi[0]] or 0.0, fi[0]))
+
+    def _score(self, frag: int, infos: list[BatchInfo]) -> float | None:
+        """A fragment's keep priority: its best batch's (``EvictionPolicy.score``), computed once."""
+        if frag not in self._scores:
+            got = [self.s.hot.policy.score(m) for m in (self.s.index.batch_meta(i.batch_id) for i in infos) if m is not None]
+            got = [g for g in got if g is not None]
+            self._scores[frag] = max(got) if got else None
+        return self._scores[frag]
+
+    def relieve(self, extra: int = 0) -> int:
+        """Move committed fragments to the cold tier until ``extra`` more bytes fit; bytes freed."""
+        freed = 0
+        if not self.short(extra):
+            return 0
+        for frag, infos in self.droppable():
+            need = self.short(extra)
+            if not need:
+                break
+            freed += self.demote(frag, infos)
+        return freed
+
+    def demote(self, frag: int, infos: list[BatchInfo]) -> int:
+        """Record every row of fragment ``frag`` as cold (its lake location), then remove the file.
+
+        The lake is read outside the engine's lock; under it, a batch changed meanwhile (a delete)
+        keeps the fragment for a later round."""
+        s = self.s
+        plans = []
+        for info in infos:
+            plan = cold_plan(s, info.batch_id)
+            if plan is None:
+                log.warning("fragment %d stays local: rows of batch %d were not found in the lake", frag, info.batch_id)
+                return 0
+            plans.append((info, *plan))
+        with s.lock:
+            for info, n, *_ in plans:
+                now = s.batches.get(info.batch_id)
+                if now is None or now.tier != "warm" or now.fragment != frag or now.rows != n:
+                    return 0
+            nbytes = s.warm.fragment_bytes(frag)
+            total = max(1, sum(n for _i, n, *_ in plans))
+            moves = []
+            for info, n, files, fi, rw in plans:  # a coalesced fragment's bytes shared by rows
+                cold = BatchInfo(**{**info.__dict__, "tier": "cold", "fragment": None, "offset": 0,
+                                    "files": [f["path"] for f in files], "checksum": None,
+                                    "nbytes": nbytes * n // total})
+                moves.append((cold, files, fi, rw))
+            s.index.set_cold(moves)  # first: a crash now leaves a fragment recovery drops
+            for cold, files, _fi, _rw in moves:
+                s.batches[cold.batch_id] = cold
+                self.cold.admit(cold.batch_id, cold.rows, cold.nbytes, files)
+            s.warm.drop_fragments([frag])
+            self.moved_fragments += 1
+        return nbytes
