@@ -217,14 +217,17 @@ def summary(results: dict[str, Any]) -> str:
                      + _table(["", "CPU s/GB", "wall GB/s", "push p50 ms", "push p99 ms"],
                               [["lakebuffer push + flush", _f(m["buffer_cpu_s_per_gb"], 2), _f(m["buffer_wall_gbps"], 2),
                                 _f(m["push_p50_ms"], 1), _f(m["push_p99_ms"], 1)],
-                               ["raw Arrow IPC write", _f(m["raw_ipc_cpu_s_per_gb"], 2), _f(m["raw_wall_gbps"], 2), "", ""]])
+                               ["raw Arrow IPC write", _f(m["raw_ipc_cpu_s_per_gb"], 2), _f(m["raw_wall_gbps"], 2), "", ""],
+                               ["durable IPC write per batch (+fsync, rename, dir fsync)", "", "",
+                                _f(m.get("durable_write_p50_ms"), 1), _f(m.get("durable_write_p99_ms"), 1)]])
                      + "\n\nratio: " + _ratios(r.get("ratio")))
     r = sc.get("warm_get")
     if r and "error" not in r.get("lakebuffer", {}):
         lb, ref, d = r["lakebuffer"], r["ipc_take"], r["data"]
         rows = [[name, *(f"{_f(fig[mode]['p50_ms'], 2)} / {_f(fig[mode]['p99_ms'], 2)} ({_f(fig[mode]['p99_over_p50'], 1)}x)"
                          for mode in ("quiet", "under_ingest"))]
-                for name, fig in (("get", lb["get"]), ("mmapped IPC take, same rows", ref), ("sample", lb["sample"]))]
+                for name, fig in (("get", lb["get"]), ("mmapped IPC take, same rows", ref),
+                                  ("index lookup alone (in get)", r.get("index_lookup")), ("sample", lb["sample"])) if fig]
         parts.append(f"### warm get and sample, {d['logical_bytes'] / 1e9:.2f} GB under {d['budget_mb']} MB "
                      f"({d['oversubscription']:.0f}x), 256 rows per call\n"
                      + _table(["call", "quiet p50 / p99 ms (p99/p50)", "under a concurrent ingest"], rows)

@@ -3,7 +3,8 @@
 One buffer holds the whole ingest payload under 1/16 of its bytes (2 GB under 119 MB in the full
 run), every row written back to the warm tier. Each call draws 256 uniform keys and times, in a
 rotating order: the buffer's ``get`` of their ``response_ids``; a memory-mapped Arrow IPC take of
-the same rows from the buffer's own files with maps of its own (``ipc_take``: the floor); and
+the same rows from the buffer's own files with maps of its own (``ipc_take``: the floor); the
+index step alone (``index_lookup``: RocksDB multi-get, batch -> fragment, what ``get`` adds); and
 ``sample(256, where="reward > 0.5 AND policy_version >= v")``. Quiet first, then again while a
 thread pushes more rollouts into the same buffer (write-back running), so the tail under a
 concurrent ingest is measured next to the quiet one in the same run.
@@ -41,7 +42,7 @@ def _calls(buf: Any, ref: IpcFiles, keys: np.ndarray, pred: str, n: int, seed: i
            until: threading.Event | None = None) -> dict[str, dict[str, Any]]:
     """``n`` calls of each variant (or, with ``until``, as many as fit before it is set, at least 20)."""
     rng = np.random.default_rng(seed)
-    times: dict[str, list[float]] = {"get": [], "ipc_take": [], "sample": []}
+    times: dict[str, list[float]] = {"get": [], "ipc_take": [], "index_lookup": [], "sample": []}
     names = list(times)
     i = 0
     while (i < n) if until is None else (i < 20 or not until.is_set()) and i < 10 * n:
@@ -55,6 +56,8 @@ def _calls(buf: Any, ref: IpcFiles, keys: np.ndarray, pred: str, n: int, seed: i
             elif name == "ipc_take":
                 ref.verify(np.unique(w.part))
                 ref.take(w, COLS)
+            elif name == "index_lookup":  # what get pays before its take: RocksDB multi-get + batch -> fragment
+                locate(buf, ks)
             else:
                 buf.sample(SAMPLE_N, where=pred, seed=seed + i, return_keys=True)
             times[name].append(time.perf_counter() - t0)
@@ -121,11 +124,14 @@ def run(ctx: Context) -> dict[str, Any]:
     for name in ("get", "sample"):
         out.setdefault("lakebuffer", {})[name] = {"quiet": quiet[name], "under_ingest": busy[name]}
     out["ipc_take"] = {"quiet": quiet["ipc_take"], "under_ingest": busy["ipc_take"]}
+    out["index_lookup"] = {"quiet": quiet["index_lookup"], "under_ingest": busy["index_lookup"]}
     lb = out["lakebuffer"]
     out["ratio"] = {
         "get_p50_over_ipc_take": lb["get"]["quiet"]["p50_ms"] / quiet["ipc_take"]["p50_ms"],
         "get_p50_over_ipc_take_under_ingest": lb["get"]["under_ingest"]["p50_ms"] / busy["ipc_take"]["p50_ms"],
+        "get_p99_over_ipc_take_p99": lb["get"]["quiet"]["p99_ms"] / quiet["ipc_take"]["p99_ms"],
         "get_p99_over_p50": lb["get"]["quiet"]["p99_over_p50"],
+        "ipc_take_p99_over_p50": quiet["ipc_take"]["p99_over_p50"],
         "get_p99_over_p50_under_ingest": lb["get"]["under_ingest"]["p99_over_p50"],
         "sample_p99_over_p50": lb["sample"]["quiet"]["p99_over_p50"],
         "sample_p99_over_p50_under_ingest": lb["sample"]["under_ingest"]["p99_over_p50"],
