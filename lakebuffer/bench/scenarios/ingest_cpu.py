@@ -3,9 +3,10 @@
 Process CPU seconds (all threads) per GB pushed until ``flush()``, against a raw Arrow IPC write
 of the same batches (one file each), in at least 5 interleaved trials (the order alternates, so a
 busy spell on the shared machine hits both alike); the median of the per-trial figures is
-reported, with push p50 / p99 and wall GB/s, and each trial also times the WAL's durable write
-alone per batch (IPC file + fsync + rename + directory fsync): the floor of the push latency spread. The buffer's budget is the ``warm_get`` scenario's
-(1/16 of the ingest payload), well under the bytes of one trial, so write-back runs throughout.
+reported, with push p50 / p99 and wall GB/s. Each trial also times the WAL's durable write alone
+per batch (IPC file + fsync + rename + directory fsync): the floor of the push latency spread.
+The buffer's budget is the ``warm_get`` scenario's (1/16 of the ingest payload), well under the
+bytes of one trial, so write-back runs throughout.
 """
 
 from __future__ import annotations
