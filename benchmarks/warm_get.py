@@ -33,8 +33,10 @@ import pyarrow as pa
 
 from lakebuffer import ReplayBuffer
 from lakebuffer.bench.data import stream
+from lakebuffer.bench.ipc_take import IpcFiles
+from lakebuffer.bench.scenarios import ingest_cpu
 from lakebuffer.tiers import Location
-from lakebuffer.tiers.wal import _FOOTER, WriteAheadLog
+from lakebuffer.tiers.wal import WriteAheadLog
 
 COLS = ["response_ids"]
 N_KEYS = 256
@@ -44,58 +46,6 @@ CACHE = 16 << 20  # the warm tier's Lance metadata cache today
 def cpu() -> float:
     t = os.times()
     return t.user + t.system
-
-
-class IpcFiles:
-    """Memory-mapped IPC files (WAL segment format); a fragment is (file, first row) in one of them."""
-
-    def __init__(self, paths: dict[int, Path], first_row: dict[int, int] | None = None) -> None:
-        self.paths = paths  # fragment -> file
-        self.first = first_row or {}
-        self.tables: dict[Path, pa.Table] = {}
-        self.sig: dict[Path, tuple[int, int]] = {}
-
-    def _table(self, p: Path) -> pa.Table:
-        t = self.tables.get(p)
-        if t is None:
-            buf = pa.memory_map(str(p)).read_buffer()
-            buf = buf.slice(0, buf.size - _FOOTER.size)
-            t = self.tables[p] = pa.ipc.open_file(pa.BufferReader(buf)).read_all()
-            st = os.stat(p)
-            self.sig[p] = (st.st_size, st.st_mtime_ns)
-        return t
-
-    def verify(self, parts: np.ndarray) -> None:
-        for f in parts.tolist():
-            p = self.paths[f]
-            st = os.stat(p)
-            if self.sig.get(p) != (st.st_size, st.st_mtime_ns):
-                self._table(p)
-
-    def take(self, where: Location, cols: list[str]) -> pa.Table:
-        """One zero-copy one-row slice per asked row, then one native concat per column."""
-        uniq, inv = np.unique(where.part, return_inverse=True)
-        tabs = [self._table(self.paths[f]) for f in uniq.tolist()]
-        first = np.array([self.first.get(f, 0) for f in uniq.tolist()], np.int64)
-        rows = (where.row + first[inv]).tolist()
-        inv = inv.tolist()
-        out = {}
-        for c in cols:
-            arrs = [t.column(c).chunk(0) for t in tabs]
-            out[c] = pa.concat_arrays([arrs[i].slice(r, 1) for i, r in zip(inv, rows)])
-        return pa.table(out)
-
-    def take_pyarrow(self, where: Location, cols: list[str]) -> pa.Table:
-        """The plain way: one pyarrow ``take`` per file touched."""
-        uniq, inv = np.unique(where.part, return_inverse=True)
-        pieces, order = [], []
-        for i, f in enumerate(uniq.tolist()):
-            sel = np.flatnonzero(inv == i)
-            t = self._table(self.paths[f]).select(cols)
-            pieces.append(t.take(pa.array(where.row[sel] + self.first.get(f, 0))))
-            order.append(sel)
-        out = pa.concat_tables(pieces)
-        return out.take(pa.array(np.argsort(np.concatenate(order))))
 
 
 def lance_take(ds: lance.LanceDataset, where: Location, cols: list[str]) -> pa.Table:
@@ -109,56 +59,12 @@ def stat_files(paths: list[Path]) -> None:
 
 
 def ingest_trials(root: Path, mb: int, budget_mb: int, trials: int) -> dict:
-    """Process CPU per GB pushed (all threads, until ``flush()``) vs a raw Arrow IPC write of the same
-    batches, in interleaved trials (the order alternates), plus push p50/p99 and wall GB/s."""
+    """Process CPU per GB pushed vs a raw Arrow IPC write of the same batches, interleaved trials
+    (``lakebuffer bench --scenario ingest_cpu`` runs the same trials)."""
     tables = [t.drop_columns(["run_id", "key"]) for t in stream(mb << 20)]
-    gb = sum(t.nbytes for t in tables) / 2**30
-    out: dict[str, list] = {"buffer_cpu_s_per_gb": [], "raw_ipc_cpu_s_per_gb": [], "ratio": [], "push_p50_ms": [],
-                            "push_p99_ms": [], "buffer_wall_gbps": [], "raw_wall_gbps": []}
-
-    def raw(d: Path) -> tuple[float, float]:
-        d.mkdir(parents=True)
-        c, t0 = cpu(), time.perf_counter()
-        for i, t in enumerate(tables):
-            with pa.OSFile(str(d / f"{i}.arrow"), "wb") as f, pa.ipc.new_file(f, t.schema) as w:
-                w.write_table(t)
-        return cpu() - c, time.perf_counter() - t0
-
-    def pushed(d: Path) -> tuple[float, float, list[float]]:
-        b = ReplayBuffer.open(d, memory_limit_mb=budget_mb, snapshot_interval_s=None, run_id="bench")
-        lat = []
-        c, t0 = cpu(), time.perf_counter()
-        for t in tables:
-            t1 = time.perf_counter()
-            b.push(t)
-            lat.append(time.perf_counter() - t1)
-        b.flush()
-        used, wall = cpu() - c, time.perf_counter() - t0
-        b.close()
-        return used, wall, lat
-
-    for i in range(trials):
-        first_raw = i % 2 == 1
-        if first_raw:
-            rc, rw = raw(root / f"raw{i}")
-        bc, bw, lat = pushed(root / f"push{i}")
-        if not first_raw:
-            rc, rw = raw(root / f"raw{i}")
-        shutil.rmtree(root / f"raw{i}")
-        shutil.rmtree(root / f"push{i}")
-        x = np.array(lat) * 1e3
-        out["buffer_cpu_s_per_gb"].append(bc / gb)
-        out["raw_ipc_cpu_s_per_gb"].append(rc / gb)
-        out["ratio"].append(bc / rc)
-        out["push_p50_ms"].append(float(np.percentile(x, 50)))
-        out["push_p99_ms"].append(float(np.percentile(x, 99)))
-        out["buffer_wall_gbps"].append(gb / bw)
-        out["raw_wall_gbps"].append(gb / rw)
-        print(f"ingest trial {i}: cpu ratio {bc / rc:.2f}, push p50 {out['push_p50_ms'][-1]:.1f} p99 "
-              f"{out['push_p99_ms'][-1]:.1f} ms", flush=True)
-    res = {k: statistics.median(v) for k, v in out.items()}
-    res["push_p99_over_p50"] = res["push_p99_ms"] / res["push_p50_ms"]
-    return {"gb_per_trial": gb, "budget_mb": budget_mb, "trials": trials, "median": res, "all": out}
+    res = ingest_cpu.trials(tables, root, budget_mb, trials, say=print)
+    res["median"]["ratio"] = res["median"]["cpu_ratio"]
+    return res
 
 
 def main() -> None:

@@ -438,6 +438,7 @@ def bench(
     quick: bool = typer.Option(False, help="Smoke run (< 60 s)."),
     out: Path | None = typer.Option(None, "--out", help="Write results JSON here."),
     scenario: list[str] | None = typer.Option(None, "--scenario", help="Run only these scenarios."),
+    previous: Path | None = typer.Option(None, "--previous", help="Compare with these results (default: the --out file before this run)."),
 ) -> None:
     """Benchmarks side by side with the baselines and the machine's limits."""
 
@@ -451,7 +452,7 @@ def bench(
                 prog.update(task, description=f"bench: {message}"[:60], completed=done, total=total)
 
             res = benchmod.run(quick=quick, out=str(out) if out else None, scenarios=scenario or None,
-                               progress=progress)
+                               progress=progress, previous=str(previous) if previous else None)
         sys.stdout.write(benchmod.summary(res) + "\n")  # markdown tables, unwrapped
 
     _run(go)

@@ -7,13 +7,14 @@ generated rollouts in this process and returns (and optionally writes) the resul
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
 from typing import Any
 
 from .context import FULL, QUICK, Config, Context, Progress, error_entry
-from .report import clean, machine, plot_sample_latency, summary, targets, write_json
+from .report import clean, machine, plot_sample_latency, regressions, summary, targets, write_json
 from .scenarios import SCENARIOS, STEPS
 
 __all__ = ["FULL", "QUICK", "SCENARIOS", "Config", "run", "summary"]
@@ -27,6 +28,16 @@ def _load() -> float | None:
         return None
 
 
+def _previous(path: str | Path | None) -> dict[str, Any] | None:
+    """The results of an earlier run to compare with, if ``path`` holds any."""
+    if path is None or not Path(path).is_file():
+        return None
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def run(
     quick: bool = False,
     out: str | None = None,
@@ -35,6 +46,7 @@ def run(
     *,
     plot: str | None = None,
     config: Config | None = None,
+    previous: str | None = None,
 ) -> dict[str, Any]:
     """Run the benchmark scenarios and return the results.
 
@@ -42,7 +54,9 @@ def run(
     bar). With ``out`` (``results.json``), the JSON is written there, the markdown summary beside
     it (``results.md``) and the plot too (``sample_latency.png``, ``sample_latency-quick.png`` for a
     quick run) unless ``plot`` names another PNG path. ``config`` overrides the preset sizes.
+    ``previous`` (default: the ``out`` file as it was before this run) is compared figure by figure.
     """
+    prev = _previous(previous if previous is not None else out)
     cfg = config or (QUICK if quick else FULL)
     names = list(scenarios) if scenarios else list(SCENARIOS)
     unknown = [n for n in names if n not in SCENARIOS]
@@ -69,6 +83,7 @@ def run(
     finally:
         ctx.close()
     results["elapsed_s"] = time.perf_counter() - start
+    results["regressions"] = regressions(results, prev)
     results["targets"] = targets(results)
     results = clean(results)
     if out:

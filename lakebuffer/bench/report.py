@@ -168,7 +168,8 @@ def summary(results: dict[str, Any]) -> str:
             rows.append([n] + cells + [_f(fig.get("build_rows_per_s"), 0)])
         parts.append("### sample 256 keys, reward > 0.5 AND policy_version >= v\n" + _table(header, rows)
                      + "\n\nratio (p99, largest size): " + _ratios({k: v for k, v in s.get("ratio", {}).items() if k.startswith("vs_")})
-                     + "; growth p99: " + _ratios(s.get("ratio", {}).get("growth_p99")))
+                     + "; growth p99: " + _ratios(s.get("ratio", {}).get("growth_p99"))
+                     + _fresh(s, sizes))
     sn = sc.get("snapshot_restore")
     if sn and "error" not in sn:
         rows = []
@@ -209,7 +210,31 @@ def summary(results: dict[str, Any]) -> str:
         parts.append(f"### scale: peak anonymous RSS per path, {lb['pushed_bytes'] / 2**30:.1f} GiB under {lb['budget_mb']} MB "
                      f"(bound {lb['bound_bytes'] / 2**20:.0f} MB)\n"
                      + _table(["path", "peak RssAnon growth MB", "of bound", "seconds"], rows))
-    if any(k in sc for k in ("ingest", "sample", "snapshot_restore", "peak_rss")):
+    r = sc.get("ingest_cpu")
+    if r and "median" in r:
+        m = r["median"]
+        parts.append(f"### ingest CPU: {r['trials']} interleaved trials of {r['gb_per_trial']:.2f} GiB under {r['budget_mb']} MB (medians)\n"
+                     + _table(["", "CPU s/GB", "wall GB/s", "push p50 ms", "push p99 ms"],
+                              [["lakebuffer push + flush", _f(m["buffer_cpu_s_per_gb"], 2), _f(m["buffer_wall_gbps"], 2),
+                                _f(m["push_p50_ms"], 1), _f(m["push_p99_ms"], 1)],
+                               ["raw Arrow IPC write", _f(m["raw_ipc_cpu_s_per_gb"], 2), _f(m["raw_wall_gbps"], 2), "", ""],
+                               ["durable IPC write per batch (+fsync, rename, dir fsync)", "", "",
+                                _f(m.get("durable_write_p50_ms"), 1), _f(m.get("durable_write_p99_ms"), 1)]])
+                     + "\n\nratio: " + _ratios(r.get("ratio")))
+    r = sc.get("warm_get")
+    if r and "error" not in r.get("lakebuffer", {}):
+        lb, ref, d = r["lakebuffer"], r["ipc_take"], r["data"]
+        rows = [[name, *(f"{_f(fig[mode]['p50_ms'], 2)} / {_f(fig[mode]['p99_ms'], 2)} ({_f(fig[mode]['p99_over_p50'], 1)}x)"
+                         for mode in ("quiet", "under_ingest"))]
+                for name, fig in (("get", lb["get"]), ("mmapped IPC take, same rows", ref),
+                                  ("index lookup alone (in get)", r.get("index_lookup")), ("sample", lb["sample"])) if fig]
+        parts.append(f"### warm get and sample, {d['logical_bytes'] / 1e9:.2f} GB under {d['budget_mb']} MB "
+                     f"({d['oversubscription']:.0f}x), 256 rows per call\n"
+                     + _table(["call", "quiet p50 / p99 ms (p99/p50)", "under a concurrent ingest"], rows)
+                     + "\n\nratio: " + _ratios(r.get("ratio")))
+    if results.get("regressions"):
+        parts.append("### against the previous run\n" + regressions_table(results))
+    if any(k in sc for k in ("ingest", "sample", "snapshot_restore", "peak_rss", "ingest_cpu", "warm_get")):
         parts.append("### targets\n" + targets_table(results))
     return "\n\n".join(parts)
 
@@ -222,23 +247,62 @@ def _get(d: Any, *path: str) -> Any:
     return d
 
 
-def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issues' performance targets, each with the measured value and whether it is met."""
-    sc = results.get("scenarios", {})
+def _top_size(sc: dict[str, Any]) -> str | None:
     sizes = sorted(int(k) for k in (_get(sc, "sample", "lakebuffer", "by_size") or {}))
-    top = str(sizes[-1]) if sizes else None
+    return str(sizes[-1]) if sizes else None
+
+
+def _previous_ingest(results: dict[str, Any]) -> float | None:
+    """This run's lakebuffer ingest GB/s over the previous full run's (issue 17: no lower than before)."""
+    prev = _get(results, "regressions", "previous", "ingest_gbps")
+    now = _get(results, "scenarios", "ingest", "lakebuffer", "gbps")
+    return now / prev if isinstance(now, (int, float)) and isinstance(prev, (int, float)) and prev else None
+
+
+def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issues' performance targets, each with the measured value (mostly a same-run ratio) and whether it is met."""
+    sc = results.get("scenarios", {})
+    top = _top_size(sc)
+    at = f"{int(top):,}" if top else "10M"
     rss = _get(sc, "peak_rss", "lakebuffer") or {}
+    wg = ("warm_get", "lakebuffer")
+    reg = results.get("regressions") or {}
+    flagged = sum(1 for r in reg.get("figures", []) if r.get("flagged")) if reg.get("figures") else None
     rows = [
         ("ingest >= 10x rocksdb_pickle (#7)", _get(sc, "ingest", "ratio", "vs_rocksdb_pickle"), ">=", 10.0, "x"),
         ("ingest >= 50% of disk write+fsync (#2, #7)", _get(sc, "ingest", "ratio", "vs_disk"), ">=", 0.5, "of limit"),
         ("wal ingest >= 60% of memory mode (#5)", _get(sc, "ingest", "ratio", "wal_vs_memory"), ">=", 0.6, "of memory"),
-        (f"sample p99 <= 20 ms at {int(top):,} rollouts (#4, #7)" if top else "sample p99 <= 20 ms at 10M (#4, #7)",
-         _get(sc, "sample", "lakebuffer", "by_size", top, "p99_ms") if top else None, "<=", 20.0, "ms"),
+        (f"sample p99 <= 20 ms at {at} rollouts (#4, #7)", _get(sc, "sample", "lakebuffer", "by_size", top, "p99_ms") if top else None,
+         "<=", 20.0, "ms"),
         ("sample p99 growth 1M -> 10M < 3x (#4)", _get(sc, "sample", "ratio", "growth_p99", "lakebuffer"), "<", 3.0, "x"),
-        ("snapshot >= 70% of raw s3fs put (#3)", _get(sc, "snapshot_restore", "ratio", "snapshot_vs_s3"), ">=", 0.7, "of raw"),
-        ("restore >= 70% of raw s3fs get (#3, #7)", _get(sc, "snapshot_restore", "ratio", "restore_vs_s3"), ">=", 0.7, "of raw"),
-        ("push p99 during a snapshot <= 2x without (#3)", _get(sc, "snapshot_restore", "ratio", "push_p99_during_vs_without"), "<=", 2.0, "x"),
-        ("peak RSS <= budget + 30% + 300 MB (#7)", (rss.get("peak_rss_bytes") or 0) / 1e6 or None, "<=", (rss.get("target_bytes") or 0) / 1e6 or None, "MB"),
+        ("peak RSS <= budget + 30% + 300 MB (#7)", (rss.get("peak_rss_bytes") or 0) / 1e6 or None, "<=",
+         (rss.get("target_bytes") or 0) / 1e6 or None, "MB"),
+        ("get p99 <= 20 ms, 256 random warm rows, buffer 16x its budget (#17)", _get(sc, *wg, "get", "quiet", "p99_ms"),
+         "<=", 20.0, "ms"),
+        ("get p50 >= 2x TorchRL memmap's, 2 GB (#17)", _get(sc, "get", "ratio", "p50_vs_torchrl"), ">=", 2.0, "x"),
+        ("get p50 <= 4x a mmapped IPC take of the same rows (#17)", _get(sc, "warm_get", "ratio", "get_p50_over_ipc_take"),
+         "<=", 4.0, "x"),
+        ("ingest CPU s/GB <= 2x a raw IPC write, median of >= 5 interleaved trials (#17)",
+         _get(sc, "ingest_cpu", "ratio", "cpu_vs_raw_ipc"), "<=", 2.0, "x"),
+        ("push p99 <= 3x push p50 (#17)", _get(sc, "ingest_cpu", "ratio", "push_p99_over_p50"), "<=", 3.0, "x"),
+        ("ingest wall GB/s >= the previous full run's (#17)", _previous_ingest(results), ">=", 1.0, "x"),
+        ("snapshot >= 70% of a raw transfer of the same files (#3, #17)", _get(sc, "snapshot_restore", "ratio", "snapshot_vs_s3"),
+         ">=", 0.7, "of raw"),
+        ("restore >= 70% of a raw transfer of the same files (#3, #7, #17)", _get(sc, "snapshot_restore", "ratio", "restore_vs_s3"),
+         ">=", 0.7, "of raw"),
+        ("push p99 during a snapshot <= 2x without (#3, #17)", _get(sc, "snapshot_restore", "ratio", "push_p99_during_vs_without"),
+         "<=", 2.0, "x"),
+        ("get p99 <= 3x its p50, quiet (#17)", _get(sc, *wg, "get", "quiet", "p99_over_p50"), "<=", 3.0, "x"),
+        ("get p99 <= 3x its p50, under a concurrent ingest (#17)", _get(sc, *wg, "get", "under_ingest", "p99_over_p50"),
+         "<=", 3.0, "x"),
+        ("sample p99 <= 3x its p50, quiet (#17)", _get(sc, *wg, "sample", "quiet", "p99_over_p50"), "<=", 3.0, "x"),
+        ("sample p99 <= 3x its p50, under a concurrent ingest (#17)", _get(sc, *wg, "sample", "under_ingest", "p99_over_p50"),
+         "<=", 3.0, "x"),
+        (f"sample p99 at {at} at or below the NumPy floor's (numpy p99 / ours) (#17)", _get(sc, "sample", "ratio", "vs_numpy"),
+         ">=", 1.0, "x"),
+        (f"fresh-window sample p99 <= 5 ms at {at} (newest 2 versions) (#17)",
+         _get(sc, "sample", "lakebuffer", "by_size", top, "fresh_p99_ms") if top else None, "<=", 5.0, "ms"),
+        ("no figure > 10% worse than the previous full run (#17)", flagged, "<=", 0, "flagged"),
     ]
     out = []
     for name, value, op, goal, unit in rows:
@@ -249,10 +313,84 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+# figures compared with the previous full run: (path under "scenarios", higher is better)
+_TRACKED: tuple[tuple[tuple[str, ...], bool], ...] = (
+    (("ingest", "lakebuffer", "gbps"), True),
+    (("ingest", "lakebuffer_memory", "gbps"), True),
+    (("ingest", "lakebuffer", "push_p99_ms"), False),
+    (("ingest", "ratio", "vs_rocksdb_pickle"), True),
+    (("ingest", "ratio", "vs_torchrl"), True),
+    (("get", "lakebuffer", "p50_ms"), False),
+    (("get", "lakebuffer", "p99_ms"), False),
+    (("get", "ratio", "vs_rocksdb_pickle"), True),
+    (("get", "ratio", "vs_torchrl"), True),
+    (("sample", "ratio", "vs_numpy"), True),
+    (("sample", "ratio", "vs_rocksdb_pickle"), True),
+    (("sample", "ratio", "vs_torchrl"), True),
+    (("snapshot_restore", "lakebuffer", "snapshot_gbps"), True),
+    (("snapshot_restore", "lakebuffer", "restore_gbps"), True),
+    (("snapshot_restore", "ratio", "snapshot_vs_s3"), True),
+    (("snapshot_restore", "ratio", "restore_vs_s3"), True),
+    (("snapshot_restore", "ratio", "push_p99_during_vs_without"), False),
+    (("peak_rss", "lakebuffer", "peak_rss_bytes"), False),
+)
+
+
+def regressions(results: dict[str, Any], previous: dict[str, Any] | None, tolerance: float = 0.10) -> dict[str, Any]:
+    """Every tracked figure of this run next to the previous run's; > ``tolerance`` worse is flagged.
+
+    Only runs of the same kind compare (a quick run against a full one means nothing); sample
+    latencies compare per rollout count. ``worse_by`` is the relative change in the bad direction.
+    """
+    if not previous:
+        return {"note": "no previous results to compare with"}
+    if bool(previous.get("quick")) != bool(results.get("quick")):
+        return {"note": "the previous results are of the other kind (quick vs full): not compared"}
+    now_sc, prev_sc = results.get("scenarios", {}), previous.get("scenarios", {})
+    tracked = list(_TRACKED)
+    for size in sorted(set(_get(now_sc, "sample", "lakebuffer", "by_size") or {}) & set(_get(prev_sc, "sample", "lakebuffer", "by_size") or {}),
+                       key=int):
+        tracked += [(("sample", "lakebuffer", "by_size", size, "p50_ms"), False), (("sample", "lakebuffer", "by_size", size, "p99_ms"), False)]
+    figures = []
+    for path, higher in tracked:
+        now, before = _get(now_sc, *path), _get(prev_sc, *path)
+        if not isinstance(now, (int, float)) or not isinstance(before, (int, float)) or not before:
+            continue
+        worse_by = (before - now) / before if higher else (now - before) / before
+        figures.append({"figure": ".".join(path), "previous": before, "now": now, "higher_is_better": higher,
+                        "worse_by": worse_by, "flagged": worse_by > tolerance})
+    m = previous.get("machine", {})
+    return {"previous": {"commit": m.get("lakebuffer_commit"), "loadavg_1m_at_start": m.get("loadavg_1m_at_start"),
+                         "ingest_gbps": _get(prev_sc, "ingest", "lakebuffer", "gbps")},
+            "tolerance": tolerance, "figures": figures}
+
+
+def regressions_table(results: dict[str, Any]) -> str:
+    reg = results.get("regressions") or {}
+    if not reg.get("figures"):
+        return reg.get("note", "no previous results to compare with")
+    rows = [[r["figure"], _f(r["previous"], 3), _f(r["now"], 3), f"{r['worse_by'] * 100:+.0f}%",
+             "**flagged**" if r["flagged"] else ""] for r in reg["figures"]]
+    return (f"against commit {reg['previous'].get('commit')} (> {reg['tolerance'] * 100:.0f}% worse is flagged)\n\n"
+            + _table(["figure", "previous", "now", "worse by", ""], rows))
+
+
 def targets_table(results: dict[str, Any]) -> str:
     rows = [[t["target"], f"{_f(t['measured'], 2)} {t['unit']}", f"{t['op']} {_f(t['goal'], 2)}",
              {True: "met", False: "**not met**", None: "not measured"}[t["met"]]] for t in targets(results)]
     return _table(["target", "measured", "goal", "status"], rows)
+
+
+def _fresh(s: dict[str, Any], sizes: list[int]) -> str:
+    """The fresh-window predicate's p50 / p99 (newest 2 versions) per size, where measured."""
+    cells = []
+    for n in ("lakebuffer", "numpy"):
+        by = (s.get(n) or {}).get("by_size", {})
+        figs = [f"{size:,}: {_f(by[str(size)]['fresh_p50_ms'], 2)} / {_f(by[str(size)]['fresh_p99_ms'], 2)}"
+                for size in sizes if "fresh_p99_ms" in by.get(str(size), {})]
+        if figs:
+            cells.append(f"{n} " + ", ".join(figs))
+    return ("\n\nfresh window (reward > 0.5 AND policy_version >= newest - 1), p50 / p99 ms: " + "; ".join(cells)) if cells else ""
 
 
 def _during(d: dict[str, Any] | None) -> str:

@@ -16,10 +16,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ..context import Context
-from . import get, ingest, limits, rss, sample, scale, snapshot, verification
+from . import get, ingest, ingest_cpu, limits, rss, sample, scale, snapshot, verification, warm_get
 from .sample import version_threshold
 
-_MODULES = (limits, ingest, get, sample, snapshot, rss, verification, scale)
+_MODULES = (limits, ingest, ingest_cpu, get, warm_get, sample, snapshot, rss, verification, scale)
 
 SCENARIOS: dict[str, Callable[[Context], dict[str, Any]]] = {m.NAME: m.run for m in _MODULES}
 

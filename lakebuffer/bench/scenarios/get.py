@@ -52,6 +52,9 @@ def run(ctx: Context) -> dict[str, Any]:
     ratio = {f"vs_{b}": safe_ratio(lb, out.get(b, {}).get("mbps")) for b in BASELINES}
     ratio["vs_disk"] = safe_ratio(lb, (disk.get("read_gbps") or 0) * 1e3)
     ratio["vs_memcpy"] = safe_ratio(lb, (memcpy.get("gbps") or 0) * 1e3)
+    lb_p50 = out.get("lakebuffer", {}).get("p50_ms")
+    for b in BASELINES:  # issue 17: get p50 >= 2x TorchRL's memmap storage (its p50 over ours)
+        ratio[f"p50_vs_{b}"] = safe_ratio(out.get(b, {}).get("p50_ms"), lb_p50)
     out["ratio"] = ratio
     out["note"] = "keys drawn with reward > 0.5 over all versions (mostly spilled rows); page cache warm"
     return out

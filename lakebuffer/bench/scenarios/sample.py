@@ -27,6 +27,11 @@ def version_threshold(rows: int, shape: data.Shape = data.METADATA) -> int:
     return versions - max(1, math.ceil(0.2 * versions))
 
 
+def fresh_threshold(rows: int, shape: data.Shape = data.METADATA) -> int:
+    """``v`` of a fresh-window predicate: the newest 2 policy versions (the common RL case)."""
+    return max(0, math.ceil(rows / shape.rows_per_version) - 2)
+
+
 def _meta_stores(ctx: Context, top: int) -> dict[str, Any]:
     stores: dict[str, Any] = {}
     for name, make in (
@@ -136,6 +141,11 @@ def _sample_loop(store: Any, size: int, v: int, cfg: Any) -> dict[str, Any]:
     with quiet_gc():
         fig = latency_loop(select, min_trials=5, max_trials=cfg.sample_trials, max_seconds=cfg.sample_max_s)
         fig["version_ge"] = v
+        if isinstance(store, (LakeBufferStore, bl.NumpyIndex)):  # the fresh window: newest 2 versions
+            vf = fresh_threshold(size)
+            fresh = latency_loop(lambda i: store.sample_keys(SAMPLE_N, REWARD_GT, vf, seed=i), min_trials=5,
+                                 max_trials=cfg.sample_trials, max_seconds=cfg.sample_max_s / 2)
+            fig["fresh_p50_ms"], fig["fresh_p99_ms"], fig["fresh_version_ge"] = fresh["p50_ms"], fresh["p99_ms"], vf
         if hasattr(store, "get") and not isinstance(store, bl.NumpyIndex):
             keys = last[0]
             fig_get = latency_loop(lambda i: store.get(keys, "response_ids"), min_trials=3, max_trials=30, max_seconds=1.0)
