@@ -39,10 +39,16 @@ $(VENV)/.installed-integration: $(VENV)/.installed-dev requirements-integration.
 test-integration: $(VENV)/.installed-integration
 	$(PY) -m pytest -q tests/test_dataset.py tests/integration
 
-bench: $(VENV)/.installed-dev
+# the bench extra: torch (the CPU wheel, pinned first so no CUDA build is pulled) and torchrl for the TorchRL baseline
+$(VENV)/.installed-bench: $(VENV)/.installed-dev pyproject.toml
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[bench]'
+	touch $@
+
+bench: $(VENV)/.installed-bench
 	$(VENV)/bin/lakebuffer bench --out benchmarks/results.json
 
-bench-quick: $(VENV)/.installed-dev
+bench-quick: $(VENV)/.installed-bench
 	$(VENV)/bin/lakebuffer bench --quick --out /tmp/lakebuffer-bench-quick.json
 
 clean:
