@@ -36,7 +36,7 @@ from .engine.ingest import Ingest
 from .engine.recovery import recover, refuse_damaged_index
 from .engine.replays import ReplayLog
 from .engine.retention import Retention
-from .engine.snapshots import RESTORING, Snapshots, open_lake
+from .engine.snapshots import RESTORING, Snapshots, lake_settings, open_lake
 from .engine.state import BufferState
 from .engine.tasks import TaskQueue
 from .engine.writeback import WriteBack
@@ -138,7 +138,9 @@ class ReplayBuffer:
         self.restored_from = restored_from.decode() if restored_from else None
         self.lake_url = o.lake or self.restored_from or str(self.path / "lake")
         # a missing bucket fails here, clearly; a damaged lake leaves self.lake None (see open_lake)
-        self.lake, lake_error = open_lake(self.lake_url, o.storage_options)
+        lake_opts = lake_settings(self.memory_limit_bytes, self.path)
+        shutil.rmtree(lake_opts["spill_dir"], ignore_errors=True)
+        self.lake, lake_error = open_lake(self.lake_url, o.storage_options, **lake_opts)
         self.index.put_setting("lake", self.lake_url.encode())  # for fsck's repair from the lake (no secrets)
         self.meta_columns = metadata_columns(self.schema)
         # DuckDB gets half the budget (metadata table + query memory; the hot tier keeps the rest, see
@@ -166,7 +168,7 @@ class ReplayBuffer:
         self._snapshots = Snapshots(s, self.lake, self.lake_url, self._writeback.installer, o.snapshot_interval_s,
                                     lake_error=lake_error, storage_options=o.storage_options,
                                     max_rows=o.snapshot_max_rows, max_bytes=o.snapshot_max_bytes,
-                                    timeout_s=o.lake_timeout_s)
+                                    timeout_s=o.lake_timeout_s, lake_settings=lake_opts)
         self._catalog.attach_tiers([s.hot, s.warm], s.lock)
         self._catalog.run_in_background(self.tasks, self.index.add_sample_counts,
                                         on_flushed=self._writeback.evict_past_high_mark)
