@@ -93,7 +93,9 @@ def stream_problem(store: LakeFS, entry: dict, chunk_bytes: int = 8 * 2**20) -> 
     want = entry.get("sha256") or sha256_of(rel)
     h = hashlib.sha256()
     size = 0
-    with store.io(f"reading {rel}", store.pafs.open_input_stream, store.abs(rel)) as f:
+    # through fsspec, like every whole-file read: Arrow's S3 client used from a background thread
+    # hung processes at exit (tests/test_exit_safety.py, 1 of 12 S3 buffer children)
+    with store.io(f"reading {rel}", store.fs.open, store.abs(rel), "rb", block_size=chunk_bytes) as f:
         while chunk := store.io(f"reading {rel}", f.read, chunk_bytes):
             h.update(chunk)
             size += len(chunk)
@@ -116,7 +118,7 @@ def open_streamed(store: LakeFS, entry: dict, *, verify: bool) -> pq.ParquetFile
             if problem:
                 raise _failed(store, rel, problem)
             mark_verified(store, [entry])
-        f = store.io(f"reading {rel}", store.pafs.open_input_file, store.abs(rel))
+        f = store.io(f"reading {rel}", store.fs.open, store.abs(rel), "rb")  # fsspec, as above
         return pq.ParquetFile(f, page_checksum_verification=verify)
     except FileNotFoundError:
         raise _missing(store, rel) from None

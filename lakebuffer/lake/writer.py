@@ -10,10 +10,10 @@ deltalake (``lake/delta.py``). The sha256 must be known before the name is, so a
 full before it gets its name, always into a local temporary file: for a local lake next to its final
 name (renamed at the end), for an object store under ``LakeOptions.spill_dir``, then hashed by
 streaming and uploaded from the file (``LakeFS.put_file``: multipart parts of ``UPLOAD_PART_BYTES``,
-one at a time) on a background thread while encoding goes on. Measured (1 GB of rollouts, 64 MB
-budget, moto S3): encoding into memory held up to (``encode_threads`` + 2) x ``target_file_bytes``
-more than this. Rows held by a writer, pending or encoding, are bounded across all partitions by
-``LakeOptions.memory_bytes``.
+one at a time) on a background thread while encoding goes on; encoding into memory, as before, held
+up to (``encode_threads`` + 2) x ``target_file_bytes`` of file bytes on top of the rows. Rows held by a
+writer, pending or encoding, are bounded across all partitions by ``LakeOptions.memory_bytes``
+(BENCHMARKS.md, "#14": peak RssAnon of each lake path before and after).
 """
 
 from __future__ import annotations
@@ -214,7 +214,12 @@ class Lane:
         self.futures: deque = deque()
 
     def submit(self, table: pa.Table, nbytes: int) -> None:
-        self.futures.append(self.pool.submit(self._write, table, nbytes))
+        try:
+            fut = self.pool.submit(self._write, table, nbytes)
+        except BaseException:  # not queued (e.g. interpreter shutdown): its bytes were never taken
+            self.writer.release(nbytes)
+            raise
+        self.futures.append(fut)
         while len(self.futures) > 1:  # at most one row group waiting per lane
             self.futures.popleft().result()
 
