@@ -16,6 +16,8 @@ moto S3 server on 127.0.0.1 that this script starts):
   seconds, GB/s of Arrow bytes, bytes the lake gained;
 * close, then ``ReplayBuffer.open`` of a new directory on that lake with the same run id (a restore):
   seconds, GB/s;
+* ``delete`` <= 8 keys of the last pushed group (the usual replay-buffer delete: one bad group), then
+  ``snapshot``: seconds and lake bytes written;
 * ``delete`` 1% of the keys (every 100th row, so every file is hit), then ``snapshot``: seconds and the
   bytes of lake objects that are new or changed (copy-on-write rewrites show up here, tombstones too);
 * peak ``RssAnon`` of each phase, sampled from ``/proc/self/status`` every 20 ms by a thread
@@ -204,6 +206,16 @@ def trial(spec: dict) -> dict:
     out["delete_rss"] = rss.mb()
     out["delete_rows"] = deleted
     out["delete_lake_bytes"] = new_bytes(before, listing(fs, root))
+
+    few = [k for k in keys[-8:] if k not in set(doomed)]  # one bad group of the last step
+    before = listing(fs, root)
+    with RssPeak() as rss:
+        t0 = time.perf_counter()
+        restored.delete(few)
+        restored.snapshot(wait=True)
+        out["delete_few_s"] = time.perf_counter() - t0
+    out["delete_few_rss"] = rss.mb()
+    out["delete_few_lake_bytes"] = new_bytes(before, listing(fs, root))
     restored.close()
     return out
 
@@ -314,6 +326,8 @@ METRICS = [  # (label, key path, unit, better)
     ("delete 1% + snapshot s", ("delete_s",), "s", "lower"),
     ("delete: lake bytes written", ("delete_lake_bytes",), "MB", "lower"),
     ("delete peak RssAnon", ("delete_rss", "peak_mb"), "MB", "lower"),
+    ("delete 1 group (<= 8 recent keys) + snapshot s", ("delete_few_s",), "s", "lower"),
+    ("delete 1 group: lake bytes written", ("delete_few_lake_bytes",), "MB", "lower"),
 ]
 RAW = [("raw upload GB/s (file bytes)", ("upload_gbps",), "GB/s"), ("raw download GB/s (file bytes)", ("download_gbps",), "GB/s")]
 

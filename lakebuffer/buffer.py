@@ -37,7 +37,7 @@ from .engine.ingest import Ingest
 from .engine.recovery import recover, refuse_damaged_index
 from .engine.replays import ReplayLog
 from .engine.retention import Retention
-from .engine.snapshots import RESTORING, Snapshots, open_lake
+from .engine.snapshots import RESTORING, Snapshots, lake_settings, open_lake
 from .engine.state import BufferState
 from .engine.tasks import TaskQueue
 from .engine.writeback import WriteBack
@@ -146,7 +146,9 @@ class ReplayBuffer:
         self.restored_from = restored_from.decode() if restored_from else None
         self.lake_url = o.lake or self.restored_from or str(self.path / "lake")
         # a missing bucket fails here, clearly; a damaged lake leaves self.lake None (see open_lake)
-        self.lake, lake_error = open_lake(self.lake_url, o.storage_options)
+        lake_opts = lake_settings(self.memory_limit_bytes, self.path)
+        shutil.rmtree(lake_opts["spill_dir"], ignore_errors=True)
+        self.lake, lake_error = open_lake(self.lake_url, o.storage_options, **lake_opts)
         self.index.put_setting("lake", self.lake_url.encode())  # for fsck's repair from the lake (no secrets)
         self.meta_columns = metadata_columns(self.schema)
         # DuckDB gets half the budget (metadata table + query memory; the hot tier keeps the rest, see
@@ -172,7 +174,7 @@ class ReplayBuffer:
         self._snapshots = Snapshots(s, self.lake, self.lake_url, self._writeback.installer, o.snapshot_interval_s,
                                     lake_error=lake_error, storage_options=o.storage_options,
                                     max_rows=o.snapshot_max_rows, max_bytes=o.snapshot_max_bytes,
-                                    timeout_s=o.lake_timeout_s)
+                                    timeout_s=o.lake_timeout_s, lake_settings=lake_opts)
         s.cold = ColdTier(self._snapshots.current_lake, self.run_id, self.schema)
         self._disk = DiskBudget(s, s.cold, o.disk_limit_bytes, o.disk_free_floor_bytes,
                                 snapshot=self._snapshots.snapshot_now)

@@ -99,7 +99,7 @@ def test_quick_run_reports_every_system(tmp_path: Path) -> None:
     assert "error" not in scale, scale
     measured = {k: v for k, v in scale["phases"].items() if "seconds" in v}
     assert set(measured) == {"push", "sql_payload", "sql_sort_payload", "scan_payload", "sample_get", "dataset",
-                             "snapshot", "compact", "fsck", "restore"}
+                             "snapshot", "delete_snapshot", "compact", "gc", "fsck", "lake_verify", "restore"}
     assert scale["pushed_bytes"] >= 128 << 20 and all(v["seconds"] > 0 for v in measured.values())
     assert summary(res).startswith("machine:")
     # issue 17: every target is in the report with its figure; only the comparisons with a previous full run

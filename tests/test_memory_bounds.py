@@ -20,10 +20,13 @@ BUDGET_MB = 64
 ENV = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_ARENA_MAX": "2"}
 
 
-def run_paths(tmp_path: Path, lake: str | None) -> dict:
-    args = {"dir": str(tmp_path), "lake": lake, "bytes": 16 * BUDGET_MB << 20, "budget_mb": BUDGET_MB}
+LAKE_PHASES = {"snapshot", "delete_snapshot", "compact", "gc", "fsck", "lake_verify", "restore"}
+
+
+def run_paths(tmp_path: Path, lake: str | None, env: dict | None = None, **extra) -> dict:
+    args = {"dir": str(tmp_path), "lake": lake, "bytes": 16 * BUDGET_MB << 20, "budget_mb": BUDGET_MB, **extra}
     out = subprocess.run([sys.executable, "-m", "lakebuffer.bench.memory", json.dumps(args)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=900, env=ENV)
+                         capture_output=True, text=True, timeout=1500, env={**ENV, **(env or {})})
     assert out.returncode == 0, out.stderr[-4000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -45,6 +48,25 @@ def test_local_paths_stay_within_the_bound_at_16x_the_budget(tmp_path):
     # stops with an error that says what to change -- never grows past the bound
     if "sql_sort_payload_error" in phases:
         assert "raise memory_limit_mb" in phases["sql_sort_payload_error"]["error"]
+
+
+def test_lake_paths_stay_within_the_bound_at_16x_the_budget(tmp_path):
+    """A snapshot of a 1 GB backlog (54 policy buckets), a copy-on-write delete hitting most files,
+    compaction into 256 MB files, gc, fsck, the lake's verification and a restore, on a local lake."""
+    r = run_paths(tmp_path, lake=str(tmp_path / "lake"), lake_only=True)
+    assert r["pushed_bytes"] >= 16 * BUDGET_MB << 20
+    assert set(r["phases"]) == {"push"} | LAKE_PHASES
+    assert over_bound(r) == {}, f"MB over {bound_bytes(BUDGET_MB) >> 20} MB: {over_bound(r)}"
+
+
+def test_s3_lake_paths_stay_within_the_bound_at_16x_the_budget(tmp_path, s3_server, s3_bucket):
+    """The same on S3 (moto on loopback): data files are encoded into a local spill file and uploaded
+    from it by multipart, restore fetches within the budget."""
+    env = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+    r = run_paths(tmp_path, lake=f"{s3_bucket}/lake", lake_only=True, storage_options=s3_server.storage_options, env=env)
+    assert set(r["phases"]) == {"push"} | LAKE_PHASES
+    assert over_bound(r) == {}, f"MB over {bound_bytes(BUDGET_MB) >> 20} MB: {over_bound(r)}"
+    assert not any((tmp_path / "buf" / "tmp" / "lake").iterdir())  # no spill file left behind
 
 
 def test_payload_join_keeps_its_hash_table_on_meta(tmp_path):

@@ -64,7 +64,16 @@ def at_low_priority(fn: Any, timeout_s: float | None = None) -> Any:
     return pool.submit(fn).result(timeout_s)
 
 
-def open_lake(url: str, storage_options: dict | None) -> tuple[Lake | None, CorruptionError | None]:
+def lake_settings(memory_limit_bytes: int, buffer_dir: Any) -> dict[str, Any]:
+    """The buffer's ``Lake`` options: a snapshot, restore or compaction holds at most half the buffer's
+    budget (32 MiB to 256 MiB) of rows and file bytes, so it stays within the memory bound (``budget x
+    1.3 + 300 MB``, DESIGN.md) with the hot tier full; files for an object store are encoded under
+    ``<buffer>/tmp/lake`` (emptied at open: a crash's leftovers)."""
+    mem = min(256 << 20, max(32 << 20, int(memory_limit_bytes) // 2))
+    return {"memory_bytes": mem, "spill_dir": os.path.join(os.fspath(buffer_dir), "tmp", "lake")}
+
+
+def open_lake(url: str, storage_options: dict | None, **settings: Any) -> tuple[Lake | None, CorruptionError | None]:
     """The buffer's lake, or (None, the error) when its stored files are damaged.
 
     A damaged lake must not lock the user out of intact local tiers: the buffer opens without it,
@@ -72,7 +81,7 @@ def open_lake(url: str, storage_options: dict | None) -> tuple[Lake | None, Corr
     lake still raises (``LakeError``): that is a configuration the user must see at once.
     """
     try:
-        return Lake(url, storage_options), None
+        return Lake(url, storage_options, **settings), None
     except CorruptionError as e:
         log.error("the lake %s is damaged; the buffer opens on its local tiers only: %s", url, e)
         return None, e
@@ -90,8 +99,10 @@ class Snapshots:
     def __init__(self, state: BufferState, lake: Lake | None, lake_url: str, installer: FragmentInstaller,
                  interval_s: float | None, *, lake_error: CorruptionError | None = None,
                  storage_options: dict | None = None, max_rows: int | None = None,
-                 max_bytes: int | None = None, timeout_s: float | None = None) -> None:
+                 max_bytes: int | None = None, timeout_s: float | None = None,
+                 lake_settings: dict[str, Any] | None = None) -> None:
         self.s = state
+        self.lake_settings = dict(lake_settings or {})
         self.lake = lake
         self.lake_url = lake_url
         self.storage_options = storage_options
@@ -123,7 +134,7 @@ class Snapshots:
         """The lake, reopened if it was damaged at open (``LakeError`` while it still is)."""
         if self.lake is None:
             try:
-                self.lake = Lake(self.lake_url, self.storage_options)
+                self.lake = Lake(self.lake_url, self.storage_options, **self.lake_settings)
             except CorruptionError as e:
                 raise damaged_lake(self.lake_url, e) from e
         return self.lake

@@ -36,12 +36,39 @@ class LakeOptions:
     read_ahead_bytes: int = 128 * MiB
     ranged_reads: bool = False
     verify_reads: bool = True
+    memory_bytes: int = 128 * MiB
+    spill_dir: str | None = None
+
+    @property
+    def group_bytes(self) -> int:
+        """Row group size in Arrow bytes: ``row_group_bytes``, at most a quarter of ``memory_bytes``."""
+        return max(1 * MiB, min(self.row_group_bytes, self.memory_bytes // 4))
+
+    @property
+    def ahead_bytes(self) -> int:
+        """File bytes a reader fetches ahead: ``read_ahead_bytes``, at most half of ``memory_bytes``."""
+        return min(self.read_ahead_bytes, self.memory_bytes // 2)
+
+    @property
+    def whole_file_bytes(self) -> int:
+        """Files up to this size are fetched whole and hashed in memory; larger ones are streamed."""
+        return max(self.target_file_bytes, self.memory_bytes // 2)
+
+    def spill_path(self) -> str:
+        """The folder (created) where files for an object store are encoded before upload."""
+        import tempfile
+
+        d = self.spill_dir or os.path.join(tempfile.gettempdir(), "lakebuffer-spill")
+        os.makedirs(d, exist_ok=True)
+        return d
 
     @classmethod
     def build(
-        cls, *, encode_threads: int | None = None, ranged_reads: bool = False, verify_reads: bool = True, **sizes: int
+        cls, *, encode_threads: int | None = None, ranged_reads: bool = False, verify_reads: bool = True,
+        spill_dir: str | os.PathLike | None = None, **sizes: int
     ) -> LakeOptions:
         """Options from ``Lake``'s keyword arguments: sizes as int, ``encode_threads`` defaulted."""
         threads = int(encode_threads) if encode_threads else default_encode_threads()
         ints = {k: int(v) for k, v in sizes.items()}
-        return cls(encode_threads=threads, ranged_reads=bool(ranged_reads), verify_reads=verify_reads, **ints)
+        return cls(encode_threads=threads, ranged_reads=bool(ranged_reads), verify_reads=verify_reads,
+                   spill_dir=os.fspath(spill_dir) if spill_dir is not None else None, **ints)

@@ -10,6 +10,7 @@ decodes them (``page_checksum_verification``), the footer is not.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import logging
 from collections.abc import Iterator
@@ -57,25 +58,80 @@ def check_bytes(entry: dict, data: bytes | memoryview) -> str | None:
 check_whole = check_bytes
 
 
+def _missing(store: LakeFS, rel: str) -> CorruptionError:
+    return CorruptionError(
+        f"lake file {store.url_of(rel)} listed in the Delta log is missing; restore it from a copy of the lake "
+        "(`lakebuffer fsck` lists every damaged file)"
+    )
+
+
+def _failed(store: LakeFS, rel: str, problem: str) -> CorruptionError:
+    return CorruptionError(
+        f"lake file {store.url_of(rel)} fails its checksum ({problem}); nothing was read from it. Restore "
+        "the file from a copy of the lake, or rewrite the run from a buffer that still holds the rows"
+    )
+
+
 def fetch(store: LakeFS, entry: dict, *, verify: bool) -> bytes:
     """The whole file ``entry``, checked (``CorruptionError`` naming it) unless ``verify`` is False."""
     rel = entry["path"]
     try:
         data = store.cat(rel)
     except FileNotFoundError:
-        raise CorruptionError(
-            f"lake file {store.url_of(rel)} listed in the Delta log is missing; restore it from a copy of the lake "
-            "(`lakebuffer fsck` lists every damaged file)"
-        ) from None
+        raise _missing(store, rel) from None
     if verify:
         problem = check_bytes(entry, data)
         if problem:
-            raise CorruptionError(
-                f"lake file {store.url_of(rel)} fails its checksum ({problem}); nothing was read from it. Restore "
-                "the file from a copy of the lake, or rewrite the run from a buffer that still holds the rows"
-            )
+            raise _failed(store, rel, problem)
         mark_verified(store, [entry])  # the dataset paths need not read it again in this process
     return data
+
+
+def stream_problem(store: LakeFS, entry: dict, chunk_bytes: int = 8 * 2**20) -> str | None:
+    """``check_bytes`` of a file read in chunks (memory: one chunk); ``FileNotFoundError`` if missing."""
+    rel = entry["path"]
+    want = entry.get("sha256") or sha256_of(rel)
+    h = hashlib.sha256()
+    size = 0
+    # through fsspec, like every whole-file read: Arrow's S3 client used from a background thread
+    # hung processes at exit (tests/test_exit_safety.py, 1 of 12 S3 buffer children)
+    with store.io(f"reading {rel}", store.fs.open, store.abs(rel), "rb", block_size=chunk_bytes) as f:
+        while chunk := store.io(f"reading {rel}", f.read, chunk_bytes):
+            h.update(chunk)
+            size += len(chunk)
+    if size != int(entry["bytes"]):
+        return f"{size} bytes, the Delta log says {entry['bytes']}"
+    if not want:
+        _warn_unverifiable(rel)
+        return None
+    digest = h.hexdigest()
+    return None if digest == want else f"sha256 {digest}, its name says {want}"
+
+
+def open_streamed(store: LakeFS, entry: dict, *, verify: bool) -> pq.ParquetFile:
+    """A file too large to hold whole: hashed by streaming (checked like ``fetch``), then opened for
+    reads by row group (ranged, page checksums verified as they are decoded)."""
+    rel = entry["path"]
+    try:
+        if verify:
+            problem = stream_problem(store, entry)
+            if problem:
+                raise _failed(store, rel, problem)
+            mark_verified(store, [entry])
+        f = store.io(f"reading {rel}", store.fs.open, store.abs(rel), "rb")  # fsspec, as above
+        return pq.ParquetFile(f, page_checksum_verification=verify)
+    except FileNotFoundError:
+        raise _missing(store, rel) from None
+    except (pa.ArrowInvalid, OSError) as e:
+        raise CorruptionError(f"lake file {store.url_of(rel)} is not readable Parquet: {e}") from e
+
+
+def open_verified(store: LakeFS, options: LakeOptions, entry: dict, *, verify: bool = True) -> pq.ParquetFile:
+    """A lake file opened for reading, checked against its name: fetched whole when it is at most
+    ``options.whole_file_bytes``, else hashed by streaming and read by row group."""
+    if int(entry["bytes"]) > options.whole_file_bytes:
+        return open_streamed(store, entry, verify=verify)
+    return open_parquet(store, entry, fetch(store, entry, verify=verify))
 
 
 def open_parquet(store: LakeFS, entry: dict, data: bytes) -> pq.ParquetFile:
@@ -86,8 +142,9 @@ def open_parquet(store: LakeFS, entry: dict, data: bytes) -> pq.ParquetFile:
 
 
 class FileReader:
-    """The files of a scan in order, fetched one at a time up to ``read_ahead_bytes`` ahead of the
-    consumer (so decoding one file overlaps fetching the next), each checked whole."""
+    """The files of a scan in order, fetched one at a time up to ``LakeOptions.ahead_bytes`` ahead of
+    the consumer (so decoding one file overlaps fetching the next), each checked whole; files larger
+    than ``whole_file_bytes`` are hashed by streaming when their turn comes and read by row group."""
 
     def __init__(self, store: LakeFS, options: LakeOptions, entries: list[dict], verify: bool) -> None:
         self.store = store
@@ -119,20 +176,26 @@ class FileReader:
         # it overlaps fetching the next (several in parallel only split the same bandwidth)
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lakebuffer-fetch")
         futures: dict[int, Future] = {}
+        whole = self.options.whole_file_bytes
         ahead = 0
         nxt = 0
         try:
             for fi, entry in enumerate(self.entries):
-                while nxt < len(self.entries) and (nxt <= fi or ahead < self.options.read_ahead_bytes):
-                    futures[nxt] = pool.submit(fetch, self.store, self.entries[nxt], verify=self.verify)
-                    ahead += int(self.entries[nxt]["bytes"])
+                while nxt < len(self.entries) and (nxt <= fi or ahead < self.options.ahead_bytes):
+                    if int(self.entries[nxt]["bytes"]) <= whole:
+                        futures[nxt] = pool.submit(fetch, self.store, self.entries[nxt], verify=self.verify)
+                        ahead += int(self.entries[nxt]["bytes"])
                     nxt += 1
-                data = futures.pop(fi).result()
-                ahead -= int(entry["bytes"])
-                pf = open_parquet(self.store, entry, data)
+                if fi in futures:
+                    data = futures.pop(fi).result()
+                    ahead -= int(entry["bytes"])
+                    pf = open_parquet(self.store, entry, data)
+                    del data
+                else:
+                    pf = open_streamed(self.store, entry, verify=self.verify)
                 for i in range(pf.metadata.num_row_groups):
                     yield entry, pf, i
-                del pf, data
+                del pf
         finally:
             for fut in futures.values():
                 fut.cancel()
@@ -148,12 +211,15 @@ def read_group(store: LakeFS, entry: dict, pf: pq.ParquetFile, i: int, columns: 
         raise CorruptionError(f"lake file {store.url_of(entry['path'])} cannot be decoded ({e}); restore it from a copy of the lake") from e
 
 
-def key_range_hit(entry: dict, lo: str, hi: str) -> bool:
-    """Whether the file's key range (from its Delta stats) may hold a key in [lo, hi]."""
+def key_range_hit(entry: dict, sorted_keys: list[str]) -> bool:
+    """Whether the file's key range (from its Delta stats) holds one of ``sorted_keys``: a delete
+    fetches only files that may hold a deleted key, not every file between the smallest and the
+    largest (keys are sequential per run, so a bucket's files have narrow ranges)."""
     kmin, kmax = entry.get("min_key"), entry.get("max_key")
     if kmin is None or kmax is None:
         return True
-    return not (kmax < lo or kmin > hi)
+    i = bisect.bisect_left(sorted_keys, kmin)
+    return i < len(sorted_keys) and sorted_keys[i] <= kmax
 
 
 def holds_any(pf: pq.ParquetFile, keys: pa.Array) -> bool:

@@ -8,6 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 S3_PROTOCOLS = ("s3", "s3a")
+#: Multipart part size of data-file uploads (S3's minimum is 5 MiB): what one upload holds in memory.
+UPLOAD_PART_BYTES = 8 * 2**20
 
 
 def is_s3(protocol: str) -> bool:

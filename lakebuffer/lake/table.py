@@ -35,7 +35,7 @@ from .delta import DeltaLog, app_id
 from .fs import LakeFS
 from .layout import DELTA_LOG, OLD_FORMAT_MARKERS, PARTITION_FIELDS, MiB, check_run_id, now, sha256_of, snapshot_of
 from .options import LakeOptions
-from .reader import FileReader, fetch, holds_any, key_range_hit, open_parquet, read_group
+from .reader import FileReader, holds_any, key_range_hit, open_verified, read_group
 from .rows import iter_input, schema_from_b64, schema_to_b64, with_run_id, without, without_columns
 from .verified import mark_verified, verify_entries
 from .writer import Writer
@@ -126,6 +126,8 @@ class Lake:
     read_ahead_bytes = _option("read_ahead_bytes")
     ranged_reads = _option("ranged_reads")
     verify_reads = _option("verify_reads")
+    memory_bytes = _option("memory_bytes")
+    spill_dir = _option("spill_dir")
 
     def __init__(
         self,
@@ -143,6 +145,8 @@ class Lake:
         read_ahead_bytes: int = 128 * MiB,
         ranged_reads: bool = False,
         verify_reads: bool = True,
+        memory_bytes: int = 128 * MiB,
+        spill_dir: str | None = None,
     ) -> None:
         self.read_only = read_only
         self.options = LakeOptions.build(
@@ -154,6 +158,8 @@ class Lake:
             read_ahead_bytes=read_ahead_bytes,
             ranged_reads=ranged_reads,
             verify_reads=verify_reads,
+            memory_bytes=memory_bytes,
+            spill_dir=spill_dir,
         )
         self.store = LakeFS(url, storage_options, filesystem)
         if not (self.store.local or self.store.protocol in DELTA_PROTOCOLS):
@@ -666,14 +672,13 @@ class Lake:
         """Copy-on-write delete of ``keys`` from the run's files of ``dt``: (files removed, rows dropped);
         their surviving rows go to ``rewriter``."""
         keys = pc.unique(keys)
-        lo, hi = pc.min_max(keys)["min"].as_py(), pc.min_max(keys)["max"].as_py()
+        sorted_keys = sorted(keys.to_pylist())
         removed: list[dict] = []
         dropped = 0
         for entry in entries_of(dt, run_id):
-            if not key_range_hit(entry, lo, hi):
+            if not key_range_hit(entry, sorted_keys):
                 continue
-            data = fetch(self.store, entry, verify=True)
-            pf = open_parquet(self.store, entry, data)
+            pf = open_verified(self.store, self.options, entry)  # a large file: streamed, by row group
             if not holds_any(pf, keys):
                 continue
             for i in range(pf.metadata.num_row_groups):
@@ -684,6 +689,8 @@ class Lake:
                 if survivors.num_rows:
                     for b in cast_to(survivors, rewriter.schema).to_batches():
                         rewriter.add(b)
+                del t, survivors
+            rewriter.seal(int(entry["policy_bucket"]))  # one file in, (at most) one file out
             removed.append(entry)
         return removed, dropped
 

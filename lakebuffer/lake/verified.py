@@ -37,7 +37,7 @@ def _ident(store: LakeFS, entry: dict) -> tuple:
 
 def verify_entry(store: LakeFS, entry: dict) -> None:
     """Check one committed file once per process (``CorruptionError`` naming the file and the fix)."""
-    from .reader import check_whole  # reader imports nothing of this module; avoids a cycle at import
+    from .reader import stream_problem  # reader imports nothing of this module at import; avoids a cycle
 
     ident = _ident(store, entry)
     with _VERIFIED_LOCK:
@@ -45,13 +45,12 @@ def verify_entry(store: LakeFS, entry: dict) -> None:
             return
     url = ident[0]
     try:
-        data = store.cat(entry["path"])
+        problem = stream_problem(store, entry)  # in chunks: a file of any size costs one chunk of memory
     except FileNotFoundError:
         raise CorruptionError(
             f"lake file {url} listed in the Delta log is missing; run `lakebuffer fsck` on the lake "
             "and restore the file from a copy of the lake"
         ) from None
-    problem = check_whole(entry, data)
     if problem:
         raise CorruptionError(
             f"lake file {url} fails its checksum ({problem}); nothing was read from it. Restore the file "

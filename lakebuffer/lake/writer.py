@@ -7,10 +7,13 @@ has no per-file checksum field and this deltalake has no ``tags`` on ``AddAction
 page checksums, and it peaked at 1.3-1.6 GB RSS streaming 375 MB where pyarrow stays near 0.7 GB (issue
 14). So files are encoded by pyarrow (zstd, page checksums, bounded row groups) and only *committed* by
 deltalake (``lake/delta.py``). The sha256 must be known before the name is, so a file is encoded in
-full before it gets its name: locally into a temporary file renamed at the end (no extra memory), on an
-object store into memory (``target_file_bytes`` per open file, at most ``encode_threads`` open plus two
-uploading) and uploaded with one ``fsspec`` ``pipe_file`` (s3fs sends large objects in multipart parts
-itself), on a background thread while encoding goes on.
+full before it gets its name, always into a local temporary file: for a local lake next to its final
+name (renamed at the end), for an object store under ``LakeOptions.spill_dir``, then hashed by
+streaming and uploaded from the file (``LakeFS.put_file``: multipart parts of ``UPLOAD_PART_BYTES``,
+one at a time) on a background thread while encoding goes on; encoding into memory, as before, held
+up to (``encode_threads`` + 2) x ``target_file_bytes`` of file bytes on top of the rows. Rows held by a
+writer, pending or encoding, are bounded across all partitions by ``LakeOptions.memory_bytes``
+(BENCHMARKS.md, "#14": peak RssAnon of each lake path before and after).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from .layout import data_name, file_token, run_dir
 from .options import LakeOptions
 from .rows import floor_buckets
 
+MAX_OPEN_BUCKETS = 8  # buckets with an open file per writer; the least recently written is closed first
 MAX_STAT_CHARS = 64  # longer strings get no min/max in the Delta stats (optional per column)
 
 
@@ -125,20 +129,17 @@ class PartFile:
         self.size = 0
         self.min_pv: int | None = None
         self.max_pv: int | None = None
-        self.tmp: str | None = None
-        self.buffer: pa.BufferOutputStream | None = None
+        sid, n, token = stem
         if store.native_local:
             d = store.abs(dir_rel)
             os.makedirs(d, exist_ok=True)
-            sid, n, token = stem
-            # no leading dot: a crashed writer's temporary file is an orphan that vacuum removes
-            self.tmp = f"{d}/part-{sid:08d}-{n:04d}-{token}.parquet.tmp-{uuid.uuid4().hex[:8]}"
-            sink: Any = pa.OSFile(self.tmp, "wb")
         else:
-            self.buffer = sink = pa.BufferOutputStream()
-        self.sink = sink
+            d = options.spill_path()
+        # no leading dot: a crashed writer's temporary file in a local lake is an orphan that vacuum removes
+        self.tmp: str | None = f"{d}/part-{sid:08d}-{n:04d}-{token}.parquet.tmp-{uuid.uuid4().hex[:8]}"
+        self.sink: Any = pa.OSFile(self.tmp, "wb")
         try:
-            self.writer = pq.ParquetWriter(sink, schema, **parquet_options(schema))
+            self.writer = pq.ParquetWriter(self.sink, schema, **parquet_options(schema))
         except BaseException:
             self.abort()
             raise
@@ -156,32 +157,28 @@ class PartFile:
         """Write the footer (on the encoding thread)."""
         self.writer.close()
         self.metadata = self.writer.writer.metadata
-        if self.buffer is None:
-            with contextlib.suppress(Exception):
-                self.sink.close()
-            self.size = os.path.getsize(self.tmp)
+        with contextlib.suppress(Exception):
+            self.sink.close()
+        self.size = os.path.getsize(self.tmp)
 
     def commit(self) -> dict:
         """Checksum, name and store the closed file; its entry (runs off the encoding thread)."""
         sid, n, token = self.stem
-        if self.buffer is not None:
-            data = self.buffer.getvalue()
-            self.buffer = None
-            digest = hashlib.sha256(data).hexdigest()
-            rel = f"{self.dir_rel}/{data_name(sid, n, token, digest)}"
-            self.store.io(f"uploading {rel}", self.store.put_small, rel, data.to_pybytes())
-            nbytes = data.size
-        else:
-            h = hashlib.sha256()
-            with open(self.tmp, "rb+") as f:
-                while chunk := f.read(8 * 2**20):
-                    h.update(chunk)
+        h = hashlib.sha256()
+        with open(self.tmp, "rb+") as f:
+            while chunk := f.read(8 * 2**20):
+                h.update(chunk)
+            if self.store.native_local:
                 os.fsync(f.fileno())
-            digest = h.hexdigest()
-            rel = f"{self.dir_rel}/{data_name(sid, n, token, digest)}"
+        digest = h.hexdigest()
+        rel = f"{self.dir_rel}/{data_name(sid, n, token, digest)}"
+        if self.store.native_local:
             os.replace(self.tmp, self.store.abs(rel))
-            self.tmp = None
-            nbytes = self.size
+        else:
+            self.store.io(f"uploading {rel}", self.store.put_file, self.tmp, rel)
+            os.unlink(self.tmp)
+        self.tmp = None
+        nbytes = self.size
         return {
             "path": rel,
             "policy_bucket": self.bucket,
@@ -199,7 +196,6 @@ class PartFile:
             self.writer.close()
         with contextlib.suppress(Exception):
             self.sink.close()
-        self.buffer = None
         if self.tmp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(self.tmp)
@@ -217,17 +213,26 @@ class Lane:
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lakebuffer-encode")
         self.futures: deque = deque()
 
-    def submit(self, table: pa.Table) -> None:
-        self.futures.append(self.pool.submit(self._write, table))
-        while len(self.futures) > 1:  # at most one row group waiting per lane: bounded memory
+    def submit(self, table: pa.Table, nbytes: int) -> None:
+        try:
+            fut = self.pool.submit(self._write, table, nbytes)
+        except BaseException:  # not queued (e.g. interpreter shutdown): its bytes were never taken
+            self.writer.release(nbytes)
+            raise
+        self.futures.append(fut)
+        while len(self.futures) > 1:  # at most one row group waiting per lane
             self.futures.popleft().result()
 
-    def _write(self, table: pa.Table) -> None:
+    def _write(self, table: pa.Table, nbytes: int) -> None:
         w = self.writer
-        if self.file is None:
-            stem = (w.snapshot_id, next(w.counter), w.token)
-            self.file = PartFile(w.store, w.options, f"{w.run_dir}/policy_bucket={self.bucket}", stem, w.schema, self.bucket)
-        self.file.write(table)
+        try:
+            if self.file is None:
+                stem = (w.snapshot_id, next(w.counter), w.token)
+                self.file = PartFile(w.store, w.options, f"{w.run_dir}/policy_bucket={self.bucket}", stem, w.schema, self.bucket)
+            self.file.write(table)
+            del table
+        finally:
+            w.release(nbytes)
         if self.file.size >= w.target:
             self._close()
 
@@ -269,7 +274,12 @@ class Writer:
     releases the GIL). Files rotate at ``target_file_bytes``; a closed file finishes uploading in the
     background while encoding goes on. ``finish`` returns the entries (path, rows, bytes, sha256,
     Delta stats) of the written files;
-    ``abort`` discards them."""
+    ``abort`` discards them.
+
+    Memory: rows pending in all buckets stay under half of ``LakeOptions.memory_bytes`` (the fullest
+    bucket is flushed first), row groups queued or encoding in all lanes under the other half
+    (``_flush`` waits for encoders to take them), so a snapshot of any backlog over any number of
+    partitions holds about ``memory_bytes`` of rows plus one encoded row group per lane."""
 
     def __init__(
         self,
@@ -305,7 +315,24 @@ class Writer:
         self.closing_lock = threading.Lock()
         self.closer = ThreadPoolExecutor(max_workers=2, thread_name_prefix="lakebuffer-commit")
         self.rows = 0
-        self.max_pending = 4 * options.row_group_bytes
+        self.group_bytes = options.group_bytes
+        self.max_pending = max(self.group_bytes, options.memory_bytes // 2)
+        self.max_inflight = max(self.group_bytes, options.memory_bytes - self.max_pending)
+        self.inflight = 0
+        self.gate = threading.Condition()
+        self.max_open_buckets = MAX_OPEN_BUCKETS
+
+    def reserve(self, nbytes: int) -> None:
+        """Wait until ``nbytes`` more rows fit among those queued or encoding (one always fits)."""
+        with self.gate:
+            while self.inflight and self.inflight + nbytes > self.max_inflight:
+                self.gate.wait(1.0)
+            self.inflight += nbytes
+
+    def release(self, nbytes: int) -> None:
+        with self.gate:
+            self.inflight -= nbytes
+            self.gate.notify_all()
 
     def add(self, batch: pa.RecordBatch | pa.Table) -> None:
         if batch.num_rows == 0:
@@ -331,7 +358,7 @@ class Writer:
         self.pending.setdefault(bucket, []).extend(chunks)
         self.pending_bytes[bucket] = self.pending_bytes.get(bucket, 0) + batch.nbytes
         self.pending_rows[bucket] = self.pending_rows.get(bucket, 0) + batch.num_rows
-        if self.pending_bytes[bucket] >= self.options.row_group_bytes or self.pending_rows[bucket] >= self.options.row_group_rows:
+        if self.pending_bytes[bucket] >= self.group_bytes or self.pending_rows[bucket] >= self.options.row_group_rows:
             self._flush(bucket)
         while sum(self.pending_bytes.values()) > self.max_pending:
             self._flush(max(self.pending_bytes, key=self.pending_bytes.__getitem__))
@@ -347,10 +374,27 @@ class Writer:
         turn = self.turn.get(bucket, 0)
         self.turn[bucket] = turn + 1
         limit = max(1, self.lane_limit.get(bucket, self.max_lanes))
+        if not lanes:
+            while len(self.lanes) > self.max_open_buckets:  # a backlog of many buckets: close the oldest
+                self.seal(next(b for b in self.lanes if b != bucket))
+        else:
+            self.lanes[bucket] = self.lanes.pop(bucket)  # most recently used last
         if len(lanes) < limit and turn >= len(lanes):
             lanes.append(Lane(self, bucket))
-        lanes[turn % len(lanes)].submit(table)
+        nbytes = table.nbytes
         self.rows += table.num_rows
+        self.reserve(nbytes)
+        lanes[turn % len(lanes)].submit(table, nbytes)
+
+    def seal(self, bucket: int) -> None:
+        """Write the pending rows of ``bucket`` and close its open files (rows of it added later go to
+        new files). Bounds the open files (one thread and one Parquet writer each) of a writer that
+        sees many buckets, and lets a delete rewrite each file into one file of its own."""
+        self._flush(bucket)
+        for lane in self.lanes.get(bucket, []):
+            lane.finish()
+        self.lanes.pop(bucket, None)
+        self.turn.pop(bucket, None)
 
     def committing(self, f: PartFile) -> None:
         """A closed file: finish its upload in the background, at most two at a time."""
