@@ -70,9 +70,13 @@ def test_restore_interrupted_by_an_s3_outage_is_refused_then_resumed(tmp_path, s
     url, opts = f"{s3_bucket}/lake", s3_server.storage_options
     src = lb.ReplayBuffer.open(tmp_path / "src", lake=url, storage_options=opts, snapshot_interval_s=0,
                                memory_limit_mb=1, run_id="rr")
-    keys = _fill(src, batches=40, rows=256, tokens=8)
-    src.evict_all()
-    src.snapshot(wait=True)
+    # ten snapshots of ~5 MB each: ten lake files, 50 MB, far more than the restore below may fetch ahead
+    # (half its lake memory: 16 MB at a 1 MB budget), so an outage after the first install always meets
+    # files still to fetch, however fast or slow the machine is
+    keys: list[str] = []
+    for step in range(10):
+        keys += _fill(src, batches=4, rows=256, tokens=1024, seed=10 * step)
+        src.snapshot(wait=True)
     src.close()
 
     seen: list[int] = []
@@ -86,7 +90,7 @@ def test_restore_interrupted_by_an_s3_outage_is_refused_then_resumed(tmp_path, s
     try:
         with pytest.raises(lb.LakeError, match="interrupted"):
             lb.ReplayBuffer.open(dst, lake=url, storage_options=opts, snapshot_interval_s=0, run_id="rr",
-                                 progress=cut_after_first)
+                                 memory_limit_mb=1, progress=cut_after_first)
         assert seen and seen[0] < len(keys)  # part of the run was installed when it failed
         with pytest.raises(lb.LakeError, match="interrupted|cannot reach"):  # still down: refused, not half-open
             lb.ReplayBuffer.open(dst, lake=url, storage_options=opts, snapshot_interval_s=0)
