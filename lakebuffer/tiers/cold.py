@@ -294,9 +294,9 @@ class ColdTier:
         if m is None or not n:
             return used, file_idx, row, file_idx >= 0
         wanted = pa.array(list(keys), pa.string())
-        lo, hi = pc.min(wanted).as_py(), pc.max(wanted).as_py()
+        sorted_keys = sorted(set(keys))
         for entry in m["files"]:
-            if not key_range_hit(entry, lo, hi):
+            if not key_range_hit(entry, sorted_keys):
                 continue
             pf = self._open(lake, entry)
             at = pc.index_in(wanted, value_set=pf.read(columns=["key"], use_threads=False).column("key"))
