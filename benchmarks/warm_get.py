@@ -34,6 +34,7 @@ import pyarrow as pa
 from lakebuffer import ReplayBuffer
 from lakebuffer.bench.data import stream
 from lakebuffer.bench.ipc_take import IpcFiles
+from lakebuffer.bench.ipc_take import locate as locate_warm
 from lakebuffer.bench.scenarios import ingest_cpu
 from lakebuffer.tiers import Location
 from lakebuffer.tiers.wal import WriteAheadLog
@@ -163,12 +164,7 @@ def main() -> None:
 
     def locate(ks: list[str]) -> Location:
         """reads.get's index step: RocksDB multi-get, then batch -> (fragment, offset)."""
-        with s.lock:
-            batch, pos, _ = s.index.lookup(ks)
-            uniq, first = np.unique(batch, return_inverse=True)
-            frag = np.array([s.batches[b].fragment for b in uniq.tolist()], np.int64)
-            off = np.array([s.batches[b].offset for b in uniq.tolist()], np.int64)
-        return Location(frag[first], off[first] + pos)
+        return locate_warm(buf, ks)
 
     def v_today(ks: list[str]) -> pa.Table:
         return buf.get(ks, COLS)

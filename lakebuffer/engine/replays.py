@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from ..catalog import Catalog
+from ..tiers.wal import fsync_path
 from .tasks import P0, TaskQueue
 
 #: The ``replays`` table: one row per replayed key (a key drawn twice in one sample is two events).
@@ -88,11 +89,7 @@ class ReplayLog:
         tmp = self.path / f".{name}.tmp"
         with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, REPLAY_SCHEMA) as w:
             w.write_table(table)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(tmp)
         os.replace(tmp, self.path / name)
 
     def load(self) -> int:

@@ -22,6 +22,7 @@ import pyarrow.fs as pafs
 from fsspec.implementations.local import LocalFileSystem
 
 from ..errors import LakeBufferError, LakeError
+from ..tiers.wal import fsync_path
 from . import s3
 
 OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "abfs", "az", "abfss"}
@@ -196,11 +197,7 @@ class LakeFS:
             finally:
                 os.unlink(tmp)
             with contextlib.suppress(OSError):
-                fd = os.open(d, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+                fsync_path(d)
             return True
         if s3.is_s3(self.protocol):
             try:

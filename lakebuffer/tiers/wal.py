@@ -21,6 +21,15 @@ from crc32c import crc32c
 from ..errors import CorruptionError
 from .checksum import crc32c_file, repair_hint
 
+
+def fsync_path(path: Path | str) -> None:
+    """fsync a file or a directory by path (a directory's fsync makes a rename in it durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
 _FOOTER = struct.Struct("<I4s")
 _MAGIC = b"LBW1"
 
@@ -47,20 +56,12 @@ class WriteAheadLog:
         with open(tmp, "ab") as f:
             f.write(_FOOTER.pack(crc, _MAGIC))
         if self.sync:
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_path(tmp)
         os.replace(tmp, final)
         st = os.stat(final)
         self.written[batch_id] = (st.st_size, st.st_mtime_ns)
         if self.sync:
-            fd = os.open(self.path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_path(self.path)
 
     def read(self, batch_id: int) -> pa.Table:
         """The segment's rows, after checking its CRC32C (``CorruptionError`` naming it and the fix)."""

@@ -53,7 +53,7 @@ from crc32c import crc32c
 from ..errors import CorruptionError, LakeBufferError, StorageError, error_boundary
 from .base import Location, ScannedDataset, Staged, gather
 from .checksum import repair_hint
-from .wal import _FOOTER, _MAGIC, WriteAheadLog
+from .wal import _FOOTER, _MAGIC, WriteAheadLog, fsync_path
 
 log = logging.getLogger("lakebuffer.warm")
 
@@ -238,11 +238,7 @@ class WarmTier:
         self.path.mkdir(parents=True, exist_ok=True)
         os.link(segment, target)
         if self._sync:
-            fd = os.open(self.path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_path(self.path)
         try:
             if checked is None or _signature(target) != checked:
                 self._verify_file(f, force=True)

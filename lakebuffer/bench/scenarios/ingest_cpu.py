@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ...tiers.wal import fsync_path
 from ..context import Context
 from ..timing import quiet_gc
 
@@ -63,17 +64,9 @@ def durable_ipc_writes(tables: list[pa.Table], d: Path) -> list[float]:
         tmp = d / f"{i}.arrow.tmp"
         with pa.OSFile(str(tmp), "wb") as f, pa.ipc.new_file(f, t.schema) as w:
             w.write_table(t)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(tmp)
         os.replace(tmp, d / f"{i}.arrow")
-        fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(d)
         lat.append(time.perf_counter() - t0)
     return lat
 
