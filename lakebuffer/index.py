@@ -67,15 +67,17 @@ def _bkey(prefix: bytes, batch_id: int) -> bytes:
     return prefix + _U64.pack(batch_id)
 
 
-def _ipc(table: pa.Table) -> bytes:
+def ipc_bytes(table: pa.Table) -> bytes:
+    """``table`` as one Arrow IPC stream: the buffers, one copy, no pickling."""
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as w:
         w.write_table(table)
     return sink.getvalue().to_pybytes()
 
 
-def _from_ipc(blob: bytes) -> pa.Table:
-    return pa.ipc.open_stream(pa.py_buffer(blob)).read_all()
+def read_ipc(data: bytes) -> pa.Table:
+    """The table of an IPC stream, its columns viewing ``data`` (no copy)."""
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
 
 
 def damaged(path: Path, detail: object) -> CorruptionError:
@@ -238,7 +240,7 @@ class KeyIndex:
         for pos, name in zip(range(len(keys)) if positions is None else positions, names):
             wb.put(name, _LOC.pack(bid, int(pos)))
         wb.put(_bkey(b"b/", bid), json.dumps(asdict(info)).encode())
-        wb.put(_bkey(b"m/", bid), _ipc(meta), self._meta_cf)
+        wb.put(_bkey(b"m/", bid), ipc_bytes(meta), self._meta_cf)
         wb.delete(_bkey(b"p/", bid))
         with self._lock:
             for i, v in enumerate(self._db.get(names)):
@@ -271,7 +273,7 @@ class KeyIndex:
             wb.delete(_bkey(b"m/", bid), self._meta_cf)
         else:
             wb.put(_bkey(b"b/", bid), json.dumps(asdict(info)).encode())
-            wb.put(_bkey(b"m/", bid), _ipc(meta), self._meta_cf)
+            wb.put(_bkey(b"m/", bid), ipc_bytes(meta), self._meta_cf)
         self._db.write(wb)
 
     def drop_batch(self, batch_id: int, keys: Iterable[str]) -> None:
@@ -368,11 +370,11 @@ class KeyIndex:
             blob = self._meta.get(_bkey(b"m/", batch_id))
         except Exception as e:  # noqa: BLE001 - rocksdict raises bare Exception
             raise damaged(self.path, e) from e
-        return _from_ipc(blob) if blob is not None else None
+        return read_ipc(blob) if blob is not None else None
 
     def all_meta(self) -> Iterator[tuple[int, pa.Table]]:
         for k, v in self._scan(b"m/", self._meta):
-            yield _U64.unpack(k[2:])[0], _from_ipc(v)
+            yield _U64.unpack(k[2:])[0], read_ipc(v)
 
     def sample_counts(self) -> dict[str, int]:
         return {k[3:].decode(): _I32.unpack(v)[0] for k, v in self._scan(b"sc/")}

@@ -58,6 +58,16 @@ FAKE_AWS_ENV = {
 }
 
 
+def _terminate(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL if it has not ended within 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -218,12 +228,7 @@ class _RelayProcess:
         if proc is None:
             return
         if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+            _terminate(proc)
         if proc.stdout is not None:
             proc.stdout.close()
 
@@ -370,12 +375,7 @@ class S3Server:
             return
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, signal.SIGCONT)
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        _terminate(proc)
 
     def restart(self) -> None:
         """A real restart of the moto process on the same ports (all data lost)."""

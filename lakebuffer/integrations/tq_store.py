@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..errors import SchemaError
+from ..index import ipc_bytes, read_ipc  # re-exported: the store and its client share one wire format
 from ..schema import ROLLOUT_SCHEMA, cast_to, parse_type
 
 # bookkeeping columns the backend adds to the rollout schema (all metadata: usable in where=)
@@ -24,19 +25,6 @@ TQ_COLUMNS = pa.schema([
     pa.field("tq_index", pa.int64()),  # TransferQueue's global index of the sample
     pa.field("tq_fields", pa.string()),  # ",f1,f2,": the TransferQueue fields this row carries
 ])
-
-
-def ipc_bytes(table: pa.Table) -> bytes:
-    """``table`` as one Arrow IPC stream: the buffers, one copy, no pickling."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def read_ipc(data: bytes) -> pa.Table:
-    """The table of an IPC stream, its columns viewing ``data`` (no copy)."""
-    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
 
 
 def store_schema(fields: dict[str, str] | None) -> pa.Schema:
