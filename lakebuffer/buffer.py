@@ -34,6 +34,7 @@ from .engine.budget import Budget
 from .engine.dirlock import DirLock
 from .engine.diskbudget import DiskBudget
 from .engine.ingest import Ingest
+from .engine.promotion import ColdPromotion
 from .engine.recovery import recover, refuse_damaged_index
 from .engine.replays import ReplayLog
 from .engine.retention import Retention
@@ -84,6 +85,7 @@ class ReplayBuffer:
         evict: str = "lru",
         disk_limit_gb: float | None = None,
         disk_free_floor_gb: float | None = None,
+        promote_cold_reads: bool = False,
     ) -> ReplayBuffer:
         """Open (creating or recovering) the buffer stored in directory ``path``.
 
@@ -104,6 +106,8 @@ class ReplayBuffer:
         that much free on its filesystem (default: 1 GB or 5 %, whichever is less). Past either, fragments
         already in the lake leave local disk and are read from the lake (the cold tier); rows not in the
         lake are snapshotted first, and if the lake cannot take them ``push`` raises ``BackpressureError``.
+        ``promote_cold_reads=True`` brings each cold batch a ``get`` or ``sample`` read back to local disk
+        in the background, while the disk budget has room (``engine/promotion``).
         """
         options = {k: v for k, v in locals().items() if k not in ("cls", "path")}
         return cls(Path(path), BufferOptions(**options))
@@ -179,6 +183,8 @@ class ReplayBuffer:
         self._disk = DiskBudget(s, s.cold, o.disk_limit_bytes, o.disk_free_floor_bytes,
                                 snapshot=self._snapshots.snapshot_now)
         self._snapshots.after_install = self._disk.relieve  # a restore stays within the disk budget
+        self._promotion = ColdPromotion(s, self._disk, o.promote_cold_reads)
+        s.on_cold_read = self._promotion.note
         self._ingest = Ingest(s, self._budget, self._writeback, key_prefix=self.key_prefix,
                               push_timeout_s=o.push_timeout_s, disk=self._disk)
         self._catalog.attach_tiers([s.hot, s.warm, s.cold], s.lock)
@@ -404,7 +410,8 @@ class ReplayBuffer:
             "tiers": {"hot": {"rows": hot["rows"], "bytes": hot["bytes"]},
                       "warm": {"rows": warm["rows"], "bytes": warm["bytes"]},
                       "cold": {"rows": cold_only["rows"], "bytes": cold_only["bytes"]}},
-            "reads": {"rows_from": served},  # rows get() (and so sample) read from each tier
+            "reads": {"rows_from": served,  # rows get() (and so sample) read from each tier
+                      "promoted_batches": self._promotion.promoted},  # cold batches reads brought back
             "disk": self._disk.stats(),
             "wal": {"segments": len(self.wal.ids()), "bytes": self.wal.nbytes()},
             "catalog": {"bytes": self._catalog.memory_bytes},

@@ -19,6 +19,7 @@ table, queued the same way and inserted before the next statement.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -70,6 +71,10 @@ def stream(sql: str, tables: dict[str, Any], batch_size: int, setup: list[str] =
 #: Queued metadata inserts / replay counts are applied in the background past these (see ``_maybe_flush``).
 _QUEUED_META_ROWS = 8192
 _QUEUED_COUNT_ROWS = 262_144
+#: Replay events wait for a statement that reads ``replays`` or this many rows (then a background insert)
+_QUEUED_REPLAY_ROWS = 65_536
+#: A statement that may read the ``replays`` table (a false match only inserts the queued events early)
+_READS_REPLAYS = re.compile(r"\breplays\b", re.IGNORECASE)
 
 
 def _duckdb_error(_: Catalog, e: BaseException) -> LakeBufferError | None:
@@ -105,6 +110,7 @@ class Catalog:
         self._pending_counts: list[pa.Table] = []
         self._pending_count_rows = 0
         self._pending_replays: list[pa.Table] = []
+        self._pending_replay_rows = 0
         self._local = threading.local()
         self._tiers: Sequence[Tier] = ()
         self._tiers_lock: Any = threading.RLock()
@@ -212,9 +218,18 @@ class Catalog:
             self._pending_count_rows += counts.num_rows
 
     def add_replay_events(self, events: pa.Table) -> None:
-        """Queue replay events (``engine.replays.REPLAY_SCHEMA``); inserted before the next statement."""
+        """Queue replay events (``engine.replays.REPLAY_SCHEMA``): inserted before the next statement that
+        reads ``replays``, or in the background past ``_QUEUED_REPLAY_ROWS`` -- not on every ``sample``,
+        where the insert cost 5-40 ms per call at 0.5-10M rows (BENCHMARKS.md, issue 17)."""
         with self.lock:
             self._pending_replays.append(events)
+            self._pending_replay_rows += events.num_rows
+        self._maybe_flush()
+
+    def flush_replays(self) -> None:
+        """Insert queued replay events into ``replays`` now."""
+        with self.lock:
+            self._flush_replays()
 
     def _flush_replays(self) -> None:
         if not self._pending_replays:
@@ -225,6 +240,7 @@ class Catalog:
         finally:
             self.con.unregister("replays_new")
         self._pending_replays.clear()
+        self._pending_replay_rows = 0
 
     @property
     def pending(self) -> tuple[int, int]:
@@ -250,10 +266,11 @@ class Catalog:
             return pa.concat_tables(self._pending_counts) if self._pending_counts else None
 
     def flush(self) -> None:
-        """Apply every queued insert and replay count now."""
+        """Apply every queued insert, replay count and replay event now."""
         with self.lock:
             self._flush_pending()
             self._flush_counts()
+            self._flush_replays()
 
     def flush_inserts(self) -> None:
         """Apply queued metadata inserts now (replay counts stay queued)."""
@@ -360,18 +377,23 @@ class Catalog:
         Inserts go at 8k rows: queued tables keep slices of hot batches alive (8k measured 20 MB
         less peak RSS than 64k). Replay counts wait for 256k: their UPDATE joins all of ``meta``
         (~0.3 s at 10M rows) and holds the catalog: at 8k it stalled one 256-key sample in 30.
+        Replay events go at 64k rows (their queue is the only bound on them between analysis queries).
         """
         if self._tasks is None:
             return
         meta_rows, count_rows = self.pending
-        if (meta_rows > _QUEUED_META_ROWS or count_rows > _QUEUED_COUNT_ROWS) and not self._flush_queued:
+        replay_rows = self._pending_replay_rows
+        if (meta_rows > _QUEUED_META_ROWS or count_rows > _QUEUED_COUNT_ROWS or replay_rows > _QUEUED_REPLAY_ROWS) \
+                and not self._flush_queued:
             self._flush_queued = True
 
             def flush() -> None:
                 try:
+                    if replay_rows > _QUEUED_REPLAY_ROWS:
+                        self.flush_replays()
                     if count_rows > _QUEUED_COUNT_ROWS:
                         self.flush()
-                    else:
+                    elif meta_rows > _QUEUED_META_ROWS:
                         self.flush_inserts()
                 finally:
                     self._flush_queued = False
@@ -390,7 +412,8 @@ class Catalog:
         with self.lock:
             try:
                 self._flush_pending()
-                self._flush_replays()
+                if self._pending_replays and _READS_REPLAYS.search(sql):
+                    self._flush_replays()
                 if not getattr(self._local, "defer", False):
                     self._flush_counts()
                 for name, obj in tables.items():

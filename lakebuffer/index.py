@@ -257,6 +257,13 @@ class KeyIndex:
             wb.put(_bkey(b"b/", info.batch_id), json.dumps(asdict(info)).encode())
         self._db.write(wb)
 
+    def set_warm(self, info: BatchInfo) -> None:
+        """A cold batch is warm again (``engine/promotion``): its description, without its lake locations, in one write."""
+        wb = WriteBatch(raw_mode=True)
+        wb.put(_bkey(b"b/", info.batch_id), json.dumps(asdict(info)).encode())
+        wb.delete(_bkey(b"l/", info.batch_id))
+        self._db.write(wb)
+
     def rewrite_batch(self, info: BatchInfo, removed: list[str], positions: dict[str, int], meta: pa.Table) -> None:
         """After a delete: drop ``removed`` keys, move surviving keys to new positions, new metadata."""
         wb = WriteBatch(raw_mode=True)

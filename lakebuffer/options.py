@@ -43,6 +43,7 @@ class BufferOptions:
     evict: str = "lru"  # which hot batches leave RAM first (lakebuffer.tiers.eviction)
     disk_limit_gb: float | None = None  # local disk budget of the directory (engine/diskbudget); None: unlimited
     disk_free_floor_gb: float | None = None  # keep this free on the filesystem; None: 1 GB or 5 %, whichever is less
+    promote_cold_reads: bool = False  # batches get/sample read from the lake come back to local disk (engine/promotion)
 
 
     def __post_init__(self) -> None:
@@ -54,6 +55,8 @@ class BufferOptions:
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0
                                   or (name == "disk_limit_gb" and v == 0)):
                 raise OptionError(f"{name} must be a positive number of GB or None, not {v!r}")
+        if not isinstance(self.promote_cold_reads, bool):
+            raise OptionError(f"promote_cold_reads must be True or False, not {self.promote_cold_reads!r}")
         if self.lake_timeout_s is not None and not self.lake_timeout_s > 0:
             raise OptionError(f"lake_timeout_s must be positive or None, not {self.lake_timeout_s!r}")
         for name in ("snapshot_max_rows", "snapshot_max_bytes"):

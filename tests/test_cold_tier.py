@@ -231,6 +231,71 @@ def test_kill_minus_nine_inside_a_tier_move_and_at_random_loses_nothing_and_read
         assert buf.stats()["tiers"]["cold"]["rows"] > 0  # the kills did land while rows were moving
 
 
+@pytest.mark.parametrize("mode", ["promote-before", "promote-after"])
+def test_kill_minus_nine_inside_a_promotion_loses_nothing_and_reads_nothing_twice(tmp_path, mode):
+    path, lake = tmp_path / "buf", str(tmp_path / "lake")
+    with _open(path, lake) as buf:
+        ref, _, _ = _fill(buf, batches=40)
+        buf.snapshot(wait=True)
+        cold_before = buf.stats()["tiers"]["cold"]["rows"]
+    assert cold_before > 0
+    proc = subprocess.run([sys.executable, "-m", "tests.cold_worker", str(path), lake, "0", mode], cwd=ROOT,
+                          capture_output=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-3000:]
+    assert json.loads(proc.stdout.splitlines()[-1])["killed_in"] == mode  # it died inside the promotion
+    keys = ref.column("key").to_pylist()
+    _check_once(path, lake, keys, f"killed {mode}")
+    with _open(path, lake) as buf:
+        cold_after = buf.stats()["tiers"]["cold"]["rows"]
+        assert _same(buf.get(keys, COLS), ref)
+    # before the index write the batch stays cold (its fragment dropped on open); after it, it is warm
+    assert (cold_after == cold_before) if mode == "promote-before" else (cold_after < cold_before)
+
+
+def test_promote_cold_reads_brings_read_batches_back_within_the_disk_budget(tmp_path):
+    path, lake = tmp_path / "buf", str(tmp_path / "lake")
+    with _open(path, lake) as buf:
+        ref, _, _ = _fill(buf, batches=40)
+        buf.snapshot(wait=True)
+        cold_keys = buf.sql("SELECT key FROM cold_rows ORDER BY key").column("key").to_pylist()
+        buf.get(cold_keys[:100], COLS)
+        buf.flush()
+        assert buf.stats()["reads"]["promoted_batches"] == 0  # off by default
+        assert buf.stats()["tiers"]["cold"]["rows"] == len(cold_keys)
+    with _open(path, lake, promote_cold_reads=True) as buf:  # near its budget: only what fits comes back
+        buf.get(cold_keys, COLS)
+        buf.flush()
+        assert buf.stats()["tiers"]["cold"]["rows"] > 0
+        assert _local_bytes(path) <= LIMIT_GB * 2**30
+    room = 64 / 1024
+    with lb.ReplayBuffer.open(path, lake=lake, memory_limit_mb=2, snapshot_interval_s=0, disk_limit_gb=room,
+                              promote_cold_reads=True) as buf:
+        still_cold = buf.sql("SELECT key FROM cold_rows ORDER BY key").column("key").to_pylist()
+        asked = still_cold[:100]
+        first = buf.get(asked, COLS)
+        buf.flush()  # the promotions ran on the write-back worker
+        st = buf.stats()
+        assert st["reads"]["promoted_batches"] > 0
+        assert st["tiers"]["cold"]["rows"] <= len(still_cold) - len(asked)  # every batch read left the cold tier
+        assert sum(t["rows"] for t in st["tiers"].values()) == ref.num_rows == len(buf)
+        cold_reads = st["reads"]["rows_from"]["cold"]
+        again = buf.get(asked, COLS)
+        assert buf.stats()["reads"]["rows_from"]["cold"] == cold_reads  # served locally now
+        assert _same(again, first)
+        assert _same(buf.get(ref.column("key").to_pylist(), COLS), ref)
+        stored = buf.sql("SELECT key FROM rollouts").column("key").to_pylist()
+        assert sorted(stored) == sorted(ref.column("key").to_pylist())  # each row once, none lost
+        assert sum(b.num_rows for b in buf.scan(columns=["key"])) == ref.num_rows
+        assert _local_bytes(path) <= room * 2**30
+        snap = buf.snapshot(wait=True)
+        assert snap is None or snap.rows == ref.num_rows  # promoted batches are not uploaded again
+    assert fsck(path)["ok"]
+    with _open(path, lake) as buf:  # back under the small budget: the promoted batches leave again on the next push
+        assert _same(buf.get(ref.column("key").to_pylist(), COLS), ref)
+        buf.push(make_rollouts(64, tokens=256, seed=999))
+        assert _local_bytes(path) <= LIMIT_GB * 2**30 + (1 << 20)
+
+
 def test_fsck_repair_of_a_lost_index_indexes_the_cold_rows_where_the_lake_holds_them(tmp_path):
     import shutil
 

@@ -34,6 +34,38 @@ def test_sample_records_replay_events_with_the_replaying_version_and_they_surviv
         assert again.to_pylist() == [{"n": 7, "stepped": 4}]
 
 
+def _inserted_events(buf) -> int:
+    """Rows already in DuckDB's ``replays`` table (bypassing ``query``, which would insert the queue)."""
+    with buf._catalog.lock:
+        return buf._catalog.con.execute("SELECT count(*) FROM replays").fetchall()[0][0]
+
+
+def test_replay_events_reach_duckdb_only_for_a_statement_that_reads_them(tmp_path):
+    """Issue 17: inserting the events before every statement cost every ``sample`` 5-40 ms; they wait
+    for a statement that reads ``replays`` (or a full queue), and such a statement sees every one."""
+    with lb.ReplayBuffer.open(tmp_path / "run", snapshot_interval_s=0) as buf:
+        _push(buf)
+        for seed in range(5):
+            buf.sample(4, seed=seed)
+        assert buf.sql("SELECT count(*) AS n FROM meta").column("n")[0].as_py() == 10
+        assert _inserted_events(buf) == 0
+        assert buf.sql("SELECT count(*) AS n FROM Replays").column("n")[0].as_py() == 20
+        assert _inserted_events(buf) == 20
+
+
+def test_a_full_replay_event_queue_is_inserted_in_the_background(tmp_path, monkeypatch):
+    from lakebuffer import catalog
+
+    monkeypatch.setattr(catalog, "_QUEUED_REPLAY_ROWS", 16)
+    with lb.ReplayBuffer.open(tmp_path / "run", snapshot_interval_s=0) as buf:
+        _push(buf)
+        for seed in range(5):
+            buf.sample(8, seed=seed)
+        buf.flush()  # the background work has run
+        assert _inserted_events(buf) >= 24  # queues past 16 rows went in without a statement asking
+        assert buf.sql("SELECT count(*) AS n FROM replays").column("n")[0].as_py() == 40
+
+
 def test_restored_buffer_remembers_its_source_lake(tmp_path):
     lake = str(tmp_path / "lake")
     with lb.ReplayBuffer.open(tmp_path / "a", lake=lake, run_id="r", snapshot_interval_s=0) as buf:

@@ -110,8 +110,9 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
         buf.flush()
 
     measure(phases, "push", base, push)
+    tier_rows = {name: t["rows"] for name, t in buf.stats()["tiers"].items()}  # where the rows sit (disk budget: cold)
     if args.get("lake_only"):  # the lake's paths only (the S3 test: the local ones are the same code)
-        return _lake_phases(args, buf, root, lake, opts, phases, base, pushed, warm.num_rows)
+        return _lake_phases(args, buf, root, lake, opts, phases, base, pushed, warm.num_rows, tier_rows)
     measure(phases, "sql_payload", base, lambda: buf.sql("SELECT avg(len(response_ids)), sum(list_sum(response_ids)) FROM rollouts"))
 
     def sort_payload() -> None:  # needs more than DuckDB's share: spills, or says to raise the budget
@@ -137,15 +138,16 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
 
     measure(phases, "dataset", base, iterate_dataset)
     if lake is not None:
-        return _lake_phases(args, buf, root, lake, opts, phases, base, pushed, warm.num_rows)
+        return _lake_phases(args, buf, root, lake, opts, phases, base, pushed, warm.num_rows, tier_rows)
     buf.close()
     measure(phases, "fsck", base, lambda: fsck.check(root / "buf"))
     return {"phases": phases, "base_bytes": base, "pushed_bytes": pushed["bytes"], "rows": pushed["rows"],
-            "budget_mb": budget_mb, "bound_bytes": bound_bytes(budget_mb)}
+            "budget_mb": budget_mb, "bound_bytes": bound_bytes(budget_mb), "tier_rows": tier_rows}
 
 
 def _lake_phases(args: dict[str, Any], buf: Any, root: Path, lake: str, opts: dict[str, Any],
-                 phases: dict[str, dict[str, Any]], base: int, pushed: dict[str, int], extra_rows: int) -> dict[str, Any]:
+                 phases: dict[str, dict[str, Any]], base: int, pushed: dict[str, int], extra_rows: int,
+                 tier_rows: dict[str, int]) -> dict[str, Any]:
     """Snapshot of the whole backlog, a copy-on-write delete, compaction, gc, fsck, the lake's
     verification (every file's sha256, what ``fsck --repair`` runs before rebuilding from the lake)
     and a restore into a fresh directory, each a phase."""
@@ -173,7 +175,7 @@ def _lake_phases(args: dict[str, Any], buf: Any, root: Path, lake: str, opts: di
     if rows != want:
         raise AssertionError(f"restore brought back {rows} rows, not {want}")
     return {"phases": phases, "base_bytes": base, "pushed_bytes": pushed["bytes"], "rows": pushed["rows"],
-            "budget_mb": int(args["budget_mb"]), "bound_bytes": bound_bytes(int(args["budget_mb"]))}
+            "budget_mb": int(args["budget_mb"]), "bound_bytes": bound_bytes(int(args["budget_mb"])), "tier_rows": tier_rows}
 
 
 def main(argv: list[str]) -> int:

@@ -66,6 +66,8 @@ def get(s: BufferState, keys: Sequence[str] | pa.Array, columns: Sequence[str] |
     if len(cold_rows):
         parts.append(_take_cold(s, [keys[i] for i in cold_rows.tolist()], batch[cold_rows], pos[cold_rows], fetch))
         order.append(cold_rows)
+        if s.on_cold_read is not None:
+            s.on_cold_read(np.unique(batch[cold_rows]).tolist())
     table = _in_order([p.cast(out_schema) for p in parts], order, out_schema)
     if "sample_count" in cols:
         table = s.catalog.live_counts(table)

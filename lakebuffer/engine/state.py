@@ -8,6 +8,7 @@ this object instead of reaching into the facade.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +39,7 @@ class BufferState:
     batches: dict[int, BatchInfo] = field(default_factory=dict)
     cold: ColdTier | None = None  # rows only the lake holds (``engine/diskbudget`` moves them there)
     served: dict[str, int] = field(default_factory=lambda: {"hot": 0, "warm": 0, "cold": 0})  # rows ``get`` read, per tier
+    on_cold_read: Callable[[list[int]], None] | None = None  # told the cold batches a read served (promotion)
 
     def meta_of(self, batch_id: int, table: pa.Table) -> pa.Table:
         """The catalog rows of a batch: its metadata columns plus ``_batch``."""

@@ -1,0 +1,104 @@
+"""Read-through promotion: cold batches that reads touch come back to local disk (``promote_cold_reads``).
+
+A ``get`` (or a ``sample`` that returns rows) served from the lake names the cold batches it read;
+with the option on, each is queued once on the write-back worker (p1, off the read's path), which
+reads the whole batch from the lake (every column, verified like any cold read), writes it as a
+new warm fragment and flips the batch to warm in the index. The batch keeps its snapshot id: it is
+in the lake already and is never uploaded again, so the disk budget may move it out once more
+(oldest fragment first: a promoted batch is the newest, so it stays longest).
+
+Nothing is promoted when it would not fit the disk budget (promotion never evicts), for a batch
+with deleted rows (its positions have holes; it stays cold), or when the batch changed while it
+was read (a delete or relocation: the next read queues it again).
+
+Crash safety is the tier move's: the fragment is written before the index names it, and a
+fragment no batch refers to whose keys the index places elsewhere is dropped on open
+(``recovery.unexplained_fragments``); the index flip is one write.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+
+import numpy as np
+
+from ..errors import LakeBufferError
+from ..tiers import Location
+from .diskbudget import DiskBudget
+from .state import BufferState
+from .tasks import P1
+
+log = logging.getLogger("lakebuffer")
+
+
+class ColdPromotion:
+    """Queues and performs cold -> warm moves of whole batches (see the module)."""
+
+    def __init__(self, s: BufferState, disk: DiskBudget, enabled: bool) -> None:
+        self.s = s
+        self.disk = disk
+        self.enabled = enabled
+        self.promoted = 0  # batches moved back to the warm tier by this process
+        self._queued: set[int] = set()
+        self._lock = threading.Lock()
+
+    def note(self, batch_ids: Iterable[int]) -> None:
+        """Cold batches a read was served from: queue each one's promotion (once while queued)."""
+        if not self.enabled:
+            return
+        with self._lock:
+            new = [b for b in dict.fromkeys(int(b) for b in batch_ids) if b not in self._queued]
+            self._queued.update(new)
+        for bid in new:
+            self.s.tasks.submit(P1, lambda bid=bid: self._run(bid), name="promote cold batch", surface=False)
+
+    def _run(self, batch_id: int) -> None:
+        try:
+            self.promote(batch_id)
+        except LakeBufferError as e:  # the rows stay cold and readable; a later read tries again
+            log.warning("cold batch %d stays in the lake: %s", batch_id, e)
+        finally:
+            with self._lock:
+                self._queued.discard(batch_id)
+
+    def promote(self, batch_id: int) -> bool:
+        """Move one cold batch to the warm tier now; False when it is not moved (see the module)."""
+        s = self.s
+        with s.lock:
+            info = s.batches.get(batch_id)
+            if info is None or info.tier != "cold":
+                return False
+            seen = (info.rows, tuple(info.files))
+            nbytes = info.nbytes
+        if self.disk.short(nbytes):  # a first guess (the batch's share of the fragment it left)
+            return False
+        meta = s.index.batch_meta(batch_id)
+        locs = s.index.cold_locations(batch_id)
+        if meta is None or locs is None:
+            return False
+        keys = meta.column("key").to_pylist()
+        _, pos, found = s.index.lookup(keys)
+        if not found.all() or not np.array_equal(np.sort(pos), np.arange(len(keys))) or (locs[1] < 0).any():
+            return False  # deleted slots: the fragment's rows would not line up with the positions
+        order = np.argsort(pos)
+        keys = [keys[i] for i in order.tolist()]
+        files, file_idx, rows = locs
+        numbers = np.array([s.cold.number(e) for e in files], np.int64)
+        where = Location(numbers[file_idx], rows.astype(np.int64))
+        table = s.cold.take_checked(where, list(s.schema.names), keys)
+        staged = s.warm.stage(table)
+        with s.lock:
+            now = s.batches.get(batch_id)
+            changed = now is not info or now.tier != "cold" or (now.rows, tuple(now.files)) != seen
+            if changed or self.disk.short(staged.nbytes):  # checked again with the real size, under the lock
+                s.warm.drop_fragments([staged.part])
+                return False
+            info.tier, info.fragment, info.offset = "warm", staged.part, 0
+            info.files, info.checksum, info.nbytes = list(staged.files), staged.checksum, staged.nbytes
+            s.index.set_warm(info)  # one write: a crash before it leaves a fragment recovery drops
+            s.warm.publish(staged)
+            s.cold.forget(batch_id)
+            self.promoted += 1
+        return True
