@@ -351,15 +351,24 @@ class ReplayBuffer:
         self._replays.set_policy_version(version, step)
 
     def scan(
-        self, where: str | None = None, columns: Sequence[str] | None = None, batch_size: int = 4096
+        self, where: str | None = None, columns: Sequence[str] | None = None, batch_size: int | None = None
     ) -> Iterator[pa.RecordBatch]:
-        """Stream matching rows as record batches from a snapshot of hot + warm (bounded memory).
+        """Stream matching rows as record batches from a snapshot of every tier (bounded memory).
 
         The snapshot is taken when iteration starts; pushes and deletes after that are not seen.
         A private DuckDB connection runs the scan, so other calls are not blocked meanwhile.
+        ``batch_size`` rows per batch; by default as many as make ~1/16 of ``memory_limit_mb``
+        (at most 4,096), so a scan of token columns stays within the RAM budget.
         """
         self._check()
-        yield from reads.scan(self._state, where, columns, batch_size)
+        cols = list(columns) if columns is not None else list(self.schema.names)
+        rows = batch_size or reads.scan_batch_rows(self._state, cols, self.memory_limit_bytes)
+        yield from reads.scan(self._state, where, columns, rows)
+
+    def row_bytes(self, columns: Sequence[str]) -> float | None:
+        """Arrow bytes per row of ``columns`` in the newest rows (None when empty): what readers size batches by."""
+        self._check()
+        return reads.row_bytes(self._state, columns)
 
     def sql(self, query: str, params: list | dict | None = None) -> pa.Table:
         """Run one read-only DuckDB statement over ``rollouts`` (all tiers), ``hot``, ``warm`` and ``meta``

@@ -66,7 +66,8 @@ class BufferSource:
         return [Unit("snapshot")]
 
     def row_bytes(self, columns: Sequence[str]) -> float | None:
-        return None
+        measure = getattr(self.buffer, "row_bytes", None)  # sizes each read to ~16 MiB, not 4,096 rows
+        return measure(columns) if measure is not None else None
 
     def read(self, units, *, columns, predicate, batch_rows, shard):
         if not units:

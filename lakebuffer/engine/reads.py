@@ -160,8 +160,38 @@ def read_batch(s: BufferState, bid: int) -> pa.Table | None:
     return s.catalog.live_counts(table)
 
 
+#: A scan's default record batch holds about this share of the RAM budget (at least ``SCAN_MIN_BYTES``):
+#: 4,096 rows of GRPO payload are ~70 MB, and a scan holds ~4 batches of it (DuckDB's chunks, the Arrow
+#: batch being built, the caller's), which passed issue 16's bound at a 32 MB budget
+SCAN_BUDGET_SHARE, SCAN_MIN_BYTES, SCAN_MAX_ROWS = 16, 1 << 20, 4096
+
+
+def row_bytes(s: BufferState, columns: Sequence[str]) -> float | None:
+    """Arrow bytes per row of ``columns``, from the newest local rows (a hot batch, else the newest warm
+    fragment), or the tiers' average over all columns when only the lake holds rows; None when empty."""
+    with s.lock:
+        tables = s.hot.tables()
+        sample = tables[-1] if tables else None
+        frags = s.warm.fragment_ids() if sample is None else []
+    if sample is None and frags:
+        sample = s.warm.mapped(frags[-1]).table
+    if sample is not None and sample.num_rows:
+        return sample.select([c for c in columns if c in sample.column_names]).nbytes / sample.num_rows
+    cold = s.cold.stats() if s.cold is not None else {"rows": 0}
+    return cold["bytes"] / cold["rows"] if cold["rows"] else None
+
+
+def scan_batch_rows(s: BufferState, columns: Sequence[str], memory_limit_bytes: int) -> int:
+    """Rows per record batch of a scan that keeps a batch near 1/``SCAN_BUDGET_SHARE`` of the budget."""
+    width = row_bytes(s, columns)
+    if not width:
+        return SCAN_MAX_ROWS
+    target = max(SCAN_MIN_BYTES, memory_limit_bytes // SCAN_BUDGET_SHARE)
+    return int(min(max(target // width, 16), SCAN_MAX_ROWS))
+
+
 def scan(s: BufferState, where: str | None, columns: Sequence[str] | None, batch_size: int) -> Iterator[pa.RecordBatch]:
-    """Stream matching rows from a snapshot of hot + warm taken when iteration starts."""
+    """Stream matching rows from a snapshot of hot + warm + cold-only taken when iteration starts."""
     pred = predicate.check(where)
     cols = list(columns) if columns is not None else list(s.schema.names)
     with s.lock:
