@@ -24,7 +24,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from ..errors import LakeBufferError
+from ..errors import LakeBufferError, WorkerError
 from ..tiers import Location
 from .diskbudget import DiskBudget
 from .state import BufferState
@@ -52,7 +52,11 @@ class ColdPromotion:
             new = [b for b in dict.fromkeys(int(b) for b in batch_ids) if b not in self._queued]
             self._queued.update(new)
         for bid in new:
-            self.s.tasks.submit(P1, lambda bid=bid: self._run(bid), name="promote cold batch", surface=False)
+            try:
+                self.s.tasks.submit(P1, lambda bid=bid: self._run(bid), name="promote cold batch", surface=False)
+            except WorkerError:  # the buffer is closing: the rows stay cold, nothing is lost
+                with self._lock:
+                    self._queued.discard(bid)
 
     def _run(self, batch_id: int) -> None:
         try:
