@@ -21,10 +21,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable
+from dataclasses import replace
 
 import numpy as np
 
-from ..errors import LakeBufferError, WorkerError
+from ..errors import WorkerError
 from ..tiers import Location
 from .diskbudget import DiskBudget
 from .state import BufferState
@@ -61,7 +62,7 @@ class ColdPromotion:
     def _run(self, batch_id: int) -> None:
         try:
             self.promote(batch_id)
-        except LakeBufferError as e:  # the rows stay cold and readable; a later read tries again
+        except Exception as e:  # noqa: BLE001 - optional work: the rows stay cold and readable, a later read retries
             log.warning("cold batch %d stays in the lake: %s", batch_id, e)
         finally:
             with self._lock:
@@ -93,16 +94,23 @@ class ColdPromotion:
         where = Location(numbers[file_idx], rows.astype(np.int64))
         table = s.cold.take_checked(where, list(s.schema.names), keys)
         staged = s.warm.stage(table)
+        committed = False
         with s.lock:
-            now = s.batches.get(batch_id)
-            changed = now is not info or now.tier != "cold" or (now.rows, tuple(now.files)) != seen
-            if changed or self.disk.short(staged.nbytes):  # checked again with the real size, under the lock
-                s.warm.drop_fragments([staged.part])
-                return False
-            info.tier, info.fragment, info.offset = "warm", staged.part, 0
-            info.files, info.checksum, info.nbytes = list(staged.files), staged.checksum, staged.nbytes
-            s.index.set_warm(info)  # one write: a crash before it leaves a fragment recovery drops
-            s.warm.publish(staged)
-            s.cold.forget(batch_id)
-            self.promoted += 1
+            try:
+                now = s.batches.get(batch_id)
+                if now is not info or now.tier != "cold" or (now.rows, tuple(now.files)) != seen:
+                    return False  # a delete or relocation meanwhile: the next read queues it again
+                if self.disk.short(staged.nbytes):  # the real size, under the lock
+                    return False
+                warm = replace(info, tier="warm", fragment=staged.part, offset=0, files=list(staged.files),
+                               checksum=staged.checksum, nbytes=staged.nbytes)
+                s.index.set_warm(warm)  # one write: a crash before it leaves a fragment recovery drops
+                committed = True
+                s.batches[batch_id] = warm
+                s.warm.publish(staged)
+                s.cold.forget(batch_id)
+                self.promoted += 1
+            finally:
+                if not committed:
+                    s.warm.drop_fragments([staged.part])
         return True
