@@ -21,7 +21,7 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q --ignore=tests/integration; rc=$$?; if [ $$rc -eq 5 ]; then echo 'pytest collected no tests' >&2; exit 1; fi; exit $$rc
+	$(PY) -m pytest -q --durations=15 --ignore=tests/integration; rc=$$?; if [ $$rc -eq 5 ]; then echo 'pytest collected no tests' >&2; exit 1; fi; exit $$rc
 
 # the built wheel, installed non-editable in a fresh venv, run from outside the checkout
 wheel-check: $(VENV)/.installed
