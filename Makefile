@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: demo test wheel-check test-integration lint bench bench-quick clean
+.PHONY: demo test test-slow wheel-check test-integration lint bench bench-quick clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,11 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q --durations=15 --ignore=tests/integration; rc=$$?; if [ $$rc -eq 5 ]; then echo 'pytest collected no tests' >&2; exit 1; fi; exit $$rc
+	$(PY) -m pytest -q --durations=15 --ignore=tests/integration -m 'not slow'; rc=$$?; if [ $$rc -eq 5 ]; then echo 'pytest collected no tests' >&2; exit 1; fi; exit $$rc
+
+# the long suites (marked `slow`): full-size kill loops, memory runs and exit-safety loops. CI runs both.
+test-slow: $(VENV)/.installed-dev
+	$(PY) -m pytest -q --durations=15 --ignore=tests/integration -m slow; rc=$$?; if [ $$rc -eq 5 ]; then echo 'pytest collected no slow tests' >&2; exit 1; fi; exit $$rc
 
 # the built wheel, installed non-editable in a fresh venv, run from outside the checkout
 wheel-check: $(VENV)/.installed
