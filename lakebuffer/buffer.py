@@ -86,6 +86,7 @@ class ReplayBuffer:
         disk_limit_gb: float | None = None,
         disk_free_floor_gb: float | None = None,
         promote_cold_reads: bool = False,
+        create_lake: bool = False,
     ) -> ReplayBuffer:
         """Open (creating or recovering) the buffer stored in directory ``path``.
 
@@ -108,6 +109,9 @@ class ReplayBuffer:
         lake are snapshotted first, and if the lake cannot take them ``push`` raises ``BackpressureError``.
         ``promote_cold_reads=True`` brings each cold batch a ``get`` or ``sample`` read back to local disk
         in the background, while the disk budget has room (``engine/promotion``).
+        A local ``lake`` that does not exist yet is created at the first snapshot only if its parent
+        directory exists (else ``LakeError``: a typo must not scatter a lake); ``create_lake=True`` makes
+        the directories. On S3 the bucket must exist; any prefix in it is fine.
         """
         options = {k: v for k, v in locals().items() if k not in ("cls", "path")}
         return cls(Path(path), BufferOptions(**options))
@@ -152,7 +156,7 @@ class ReplayBuffer:
         # a missing bucket fails here, clearly; a damaged lake leaves self.lake None (see open_lake)
         lake_opts = lake_settings(self.memory_limit_bytes, self.path)
         shutil.rmtree(lake_opts["spill_dir"], ignore_errors=True)
-        self.lake, lake_error = open_lake(self.lake_url, o.storage_options, **lake_opts)
+        self.lake, lake_error = open_lake(self.lake_url, o.storage_options, create=o.create_lake, **lake_opts)
         self.index.put_setting("lake", self.lake_url.encode())  # for fsck's repair from the lake (no secrets)
         self.meta_columns = metadata_columns(self.schema)
         # DuckDB gets half the budget (metadata table + query memory; the hot tier keeps the rest, see

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .errors import LakeBufferError
+from .errors import LakeBufferError, LakeError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="A tiered, persistent replay buffer for RL rollouts.")
 console = Console()
@@ -131,10 +131,9 @@ def _open(path: str, lake: str | None = None, storage_options: dict | None = Non
     if p.is_dir() and (p / "index").is_dir():
         kw.setdefault("memory_limit_mb", None)  # the run's own budget, not a default
         return ReplayBuffer.open(p, lake=lake, storage_options=storage_options, snapshot_interval_s=0, **kw)
-    opener = getattr(ReplayBuffer, "open_lake", None)
-    if opener is None or ("://" not in path and not p.exists()):
-        raise LakeBufferError(f"{path} is neither a lakebuffer directory nor a lake")
-    return opener(path, storage_options=storage_options)
+    if "://" not in path and not p.exists():
+        raise LakeError(f"{path} does not exist: it is neither a lakebuffer directory nor a lake (check the path)")
+    return ReplayBuffer.open_lake(path, storage_options=storage_options)  # LakeError if the URL does not exist
 
 
 def _run(fn: Callable[[], None]) -> None:
@@ -369,18 +368,26 @@ def restore(
 
 @app.command()
 def fsck(
-    path: Path = typer.Argument(..., help="Buffer directory."),
+    path: str = typer.Argument(..., help="Buffer directory, or a lake URL (every file of the lake is verified)."),
     repair: bool = typer.Option(False, help="Repair what can be repaired (broken batches from the lake)."),
-    lake: str | None = typer.Option(None, envvar="LAKEBUFFER_LAKE", help="Lake to rebuild from (default: the buffer's)."),
+    lake: str | None = typer.Option(None, envvar="LAKEBUFFER_LAKE",
+                                    help="Also verify the run's files and rows in this lake (and rebuild from it)."),
     storage_options: str | None = typer.Option(None, envvar="LAKEBUFFER_STORAGE_OPTIONS"),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
-    """Check index vs fragments vs WAL (and repair with --repair)."""
+    """Check index vs fragments vs WAL (and repair with --repair); with --lake also the run's lake
+    files and rows. Given a lake URL, verify every file of the lake (nothing is changed or deleted)."""
 
     def go() -> None:
-        from .fsck import check
+        from .fsck import check, check_lake, is_buffer_dir
 
-        report = check(path, repair=repair, lake=_opt("lake", lake), storage_options=_storage_options(storage_options))
+        opts = _storage_options(storage_options)
+        if not is_buffer_dir(Path(path)) and ("://" in path or Path(path).is_dir()):
+            if repair:
+                raise typer.BadParameter("--repair applies to a buffer directory; a lake is only checked (never changed)")
+            report = check_lake(path, opts)
+        else:
+            report = check(Path(path), repair=repair, lake=_opt("lake", lake), storage_options=opts)
         if as_json:
             console.print_json(json.dumps(report, default=str))
         else:

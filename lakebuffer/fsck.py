@@ -1,4 +1,5 @@
-"""``lakebuffer fsck``: check a buffer directory's index against its fragments and WAL.
+"""``lakebuffer fsck``: check a buffer directory's index against its fragments and WAL, the run's lake
+files and rows (``--lake``), or every file of a lake (``check_lake``).
 
 It reads the parts directly (not through ``ReplayBuffer.open``, whose recovery would silently fix
 what fsck should report), under the directory lock so no writer runs meanwhile.
@@ -7,6 +8,11 @@ A damaged index (RocksDB cannot read it, it lost its settings while data is pres
 hold rows it does not know) is reported; ``--repair`` rebuilds it from the fragments and WAL
 (``engine/rebuild``). Every WAL segment and warm fragment is checked against its checksum; a broken
 batch is rebuilt from the lake only after the lake's copy of the run passes its own check.
+
+Given ``lake``, the run's lake files are verified (size and sha256; ``lake/check.py``) and the keys of
+the index's committed batches are looked for in the lake (``engine/lakeaudit``): rows another writer
+removed are reported, split into those a local tier still holds (the next snapshot uploads them again)
+and those lost. Nothing on the lake is ever changed or deleted by fsck.
 """
 
 from __future__ import annotations
@@ -18,10 +24,11 @@ import pyarrow as pa
 
 from .engine import quarantine
 from .engine.dirlock import DirLock
+from .engine.lakeaudit import find_missing, foreign_versions, removals
 from .engine.rebuild import rebuild_index
 from .engine.recovery import has_local_data, quarantine_segment, sweep_wal, unexplained_fragments
 from .engine.writeback import FragmentInstaller
-from .errors import CorruptionError
+from .errors import CorruptionError, LakeError
 from .index import BatchInfo, KeyIndex, probe
 from .schema import conform_restored, metadata_columns
 from .tiers import WarmTier, WriteAheadLog, warm_path
@@ -43,7 +50,7 @@ def check(path: str | Path, repair: bool = False, lake: str | None = None,
     of it is in ``quarantine_help``.
     """
     path = Path(path)
-    if not (path / "index").is_dir() and not has_local_data(path):
+    if not is_buffer_dir(path):
         raise FileNotFoundError(f"{path} is not a lakebuffer directory (no index/, fragments or WAL)")
     lock = DirLock(path).acquire(hint="close it before fsck")
     try:
@@ -54,6 +61,87 @@ def check(path: str | Path, repair: bool = False, lake: str | None = None,
         return report
     finally:
         lock.release()
+
+
+def is_buffer_dir(path: Path) -> bool:
+    """Whether ``path`` is a buffer directory (an index, fragments or WAL segments), not a lake."""
+    return (path / "index").is_dir() or has_local_data(path)
+
+
+def check_lake(url: str, storage_options: dict | None = None) -> dict[str, Any]:
+    """Verify every file of the lake at ``url`` (``lakebuffer fsck LAKE_URL``): ``{"ok", "path",
+    "problems", "damaged_files", "files", "bytes", "unverifiable_files", "runs", "version"}``.
+
+    A damaged Delta log is reported with the log file that does not parse; a URL that does not exist,
+    or holds no Delta table, is a ``LakeError``. Reads only: nothing is changed or deleted.
+    """
+    from .lake import Lake
+    from .lake.check import check_files
+    from .lake.location import require_existing
+
+    report: dict[str, Any] = {"ok": False, "path": url, "problems": [], "damaged_files": []}
+    try:
+        lake = Lake(url, storage_options, read_only=True)
+    except CorruptionError as e:  # the Delta log itself
+        report["problems"].append(str(e))
+        bad = getattr(e, "path", None) or _damaged_log_file(url, storage_options)
+        if bad:
+            report["damaged_files"].append(bad)
+        return report
+    require_existing(lake)
+    if lake.table() is None:
+        raise LakeError(f"{lake.url} holds no Delta table (no _delta_log/): it is not a lake, or nothing was "
+                        "committed to it yet; check the URL")
+    res = check_files(lake)
+    for d in res["damaged"]:
+        report["problems"].append(f"lake file {d['path']} (run {d['run_id']!r}): {d['problem']}")
+        report["damaged_files"].append(d["path"])
+    report.update(ok=not report["problems"], path=lake.url, files=res["files"], bytes=res["bytes"],
+                  unverifiable_files=res["unverifiable"], runs=len(lake.runs()), version=res["version"])
+    return report
+
+
+def _damaged_log_file(url: str, storage_options: dict | None) -> str | None:
+    """The Delta log file that does not parse (named for the report), or None."""
+    try:
+        from .lake.delta import DeltaLog
+        from .lake.fs import LakeFS
+
+        return DeltaLog(LakeFS(url, storage_options)).damaged_file()
+    except Exception:  # noqa: BLE001 - only a hint; the problem itself is already reported
+        return None
+
+
+def _check_lake_side(index: KeyIndex, batches: dict[int, BatchInfo], lake_url: str,
+                     storage_options: dict | None) -> tuple[list[str], dict[str, Any]]:
+    """The run's lake files (verified) and committed rows (present): problems and report fields."""
+    from .lake import Lake
+    from .lake.check import check_files
+
+    run = index.get_setting("run_id").decode()
+    try:
+        lake = Lake(lake_url, storage_options, read_only=True)
+        res = check_files(lake, run)
+    except (CorruptionError, LakeError) as e:
+        return [f"the lake {lake_url} cannot be checked: {e}"], {}
+    problems = [f"lake file {d['path']}: {d['problem']}" for d in res["damaged"]]
+    fields: dict[str, Any] = {"lake": lake.url, "lake_files": res["files"],
+                              "damaged_files": [d["path"] for d in res["damaged"]]}
+    try:
+        found = find_missing(index, batches, lake, run)
+        if found.rows:
+            found.removed_by = removals(lake, foreign_versions(lake, None, res["version"] or 0), run)
+    except (CorruptionError, LakeError, OSError) as e:
+        return problems + [f"the run's keys in lake {lake_url} cannot be read: {e}"], fields
+    fields["missing_rows"] = found.rows
+    if found.rows:
+        by = sorted({f"version {r['version']} ({r['operation']})" for r in found.removed_by})
+        problems.append(
+            f"{found.rows} rows of run {run!r} committed to the lake are gone from it (removed by another writer"
+            f"{': ' + ', '.join(by) if by else ''}); {found.local_rows} are still held locally and the buffer's next "
+            f"snapshot uploads them again, {len(found.lost)} only the lake held and are lost")
+        fields["lost_keys_in_lake"] = found.lost
+    return problems, fields
 
 
 def _check_or_rebuild(path: Path, repair: bool, lake: str | None, storage_options: dict | None) -> dict[str, Any]:
@@ -103,6 +191,7 @@ def _check(path: Path, repair: bool, lake_url: str | None, storage_options: dict
     problems: list[str] = []
     repaired: list[str] = []
     lost: list[str] = []
+    explicit_lake = lake_url  # asked for: the run's lake side is checked too
     try:
         schema = pa.ipc.read_schema(pa.py_buffer(index.get_setting("schema")))
         warm = WarmTier(warm_path(path), schema)
@@ -207,6 +296,10 @@ def _check(path: Path, repair: bool, lake_url: str | None, storage_options: dict
                 index.drop_batch(bid, keys)
                 repaired.append(f"forgot batch {bid} ({len(keys)} rows whose data is gone)")
             warm.drop_fragments(sorted(dead_frags - keep_frags))
+        lake_fields: dict[str, Any] = {}
+        if explicit_lake:
+            more, lake_fields = _check_lake_side(index, index.batches(), explicit_lake, storage_options)
+            problems += more
         return {
             "ok": not problems,
             "problems": problems,
@@ -214,6 +307,7 @@ def _check(path: Path, repair: bool, lake_url: str | None, storage_options: dict
             "lost_keys": lost,
             "batches": len(batches),
             "keys": len(index_keys),
+            **lake_fields,
         }
     finally:
         index.close()

@@ -20,6 +20,7 @@ from . import samplers as _samplers
 from .catalog import Catalog, stream
 from .errors import ClosedError, KeyNotFoundError, ReadOnlyError
 from .lake import Lake
+from .lake.location import require_existing
 from .resources import render_sql
 from .schema import key_list, metadata_columns, projection
 
@@ -29,6 +30,7 @@ class LakeView:
 
     def __init__(self, url: str, storage_options: dict | None = None, run_id: str | None = None) -> None:
         self.lake = Lake(url, storage_options, read_only=True)
+        require_existing(self.lake)  # a typo in the URL is an error, not an empty lake
         self.url = self.lake.url
         self.run_id = run_id
         self._closed = False

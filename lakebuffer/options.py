@@ -44,6 +44,7 @@ class BufferOptions:
     disk_limit_gb: float | None = None  # local disk budget of the directory (engine/diskbudget); None: unlimited
     disk_free_floor_gb: float | None = None  # keep this free on the filesystem; None: 1 GB or 5 %, whichever is less
     promote_cold_reads: bool = False  # batches get/sample read from the lake come back to local disk (engine/promotion)
+    create_lake: bool = False  # a new local lake may be created where its parent directory does not exist
 
 
     def __post_init__(self) -> None:

@@ -21,11 +21,14 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..errors import CorruptionError, LakeError
 from ..lake import Lake
+from ..lake.location import require_parent
 from ..schema import conform_restored
 from .deadline import bounded_call, bounded_iter
+from .lakeaudit import LakeAudit, Missing
 from .reads import read_batch
 from .state import BufferState
 from .tasks import P0
@@ -73,15 +76,19 @@ def lake_settings(memory_limit_bytes: int, buffer_dir: Any) -> dict[str, Any]:
     return {"memory_bytes": mem, "spill_dir": os.path.join(os.fspath(buffer_dir), "tmp", "lake")}
 
 
-def open_lake(url: str, storage_options: dict | None, **settings: Any) -> tuple[Lake | None, CorruptionError | None]:
+def open_lake(url: str, storage_options: dict | None, *, create: bool = False,
+              **settings: Any) -> tuple[Lake | None, CorruptionError | None]:
     """The buffer's lake, or (None, the error) when its stored files are damaged.
 
     A damaged lake must not lock the user out of intact local tiers: the buffer opens without it,
     reports the error in ``stats()["cold"]`` and retries at each snapshot. An unreachable or missing
-    lake still raises (``LakeError``): that is a configuration the user must see at once.
+    lake still raises (``LakeError``): that is a configuration the user must see at once. So does a
+    new local lake whose parent directory does not exist, unless ``create`` (``lake/location.py``).
     """
     try:
-        return Lake(url, storage_options, **settings), None
+        lake = Lake(url, storage_options, **settings)
+        require_parent(lake, create)
+        return lake, None
     except CorruptionError as e:
         log.error("the lake %s is damaged; the buffer opens on its local tiers only: %s", url, e)
         return None, e
@@ -121,6 +128,8 @@ class Snapshots:
         self.writer_id: str | None = None  # set by claim(): this buffer's id as the run's writer
         self._claimed = False  # whether this buffer holds the run's claim on the lake
         self.after_install: Any = lambda: None  # called after each fragment a restore installs (disk budget)
+        self.audit = LakeAudit(state)  # committed rows another writer removed from the lake (engine/lakeaudit)
+        self._audit_error: str | None = None
 
     @property
     def periodic(self) -> bool:
@@ -276,13 +285,17 @@ class Snapshots:
         """One bounded commit; (its manifest, whether batches up to ``upto`` are still behind)."""
         s = self.s
         self.reconcile()  # a damaged manifest is reported as the lake's (damaged_lake), the index's as its own
+        found = self._audit()
+        reupload = found.local if found is not None else {}
         with s.lock:
             behind = sorted(b for b, i in s.batches.items() if i.snapshot is None and (upto is None or b <= upto))
             pending = self._step(behind)
             tombstones = s.index.tombstones()
             next_seq = s.index.next_seq
         more = len(pending) < len(behind)
-        if not pending and not tombstones:
+        if not pending and not tombstones and not reupload:
+            if found is not None:  # only rows no local tier holds: reported as lost
+                self.audit.settle(found)
             return None, False
         lake = self._lake()
         if self._claimed:  # another buffer took the run over since: refuse
@@ -293,8 +306,9 @@ class Snapshots:
             except CorruptionError as e:
                 raise damaged_lake(self.lake_url, e) from e
             self._claimed = True
-        total = sum(s.batches[b].rows for b in pending if b in s.batches)
+        total = sum(s.batches[b].rows for b in pending if b in s.batches) + sum(len(k) for k in reupload.values())
         done = 0
+        reuploaded = 0
         included: list[int] = []
 
         def rows():
@@ -314,6 +328,26 @@ class Snapshots:
                 if progress is not None:
                     progress(done, total)
                 yield t
+            yield from again()
+
+        def again():
+            """Rows of earlier snapshots another writer removed from the lake, from their local copies."""
+            nonlocal done, reuploaded
+            for bid, keys in reupload.items():
+                try:
+                    t = read_batch(s, bid)
+                except CorruptionError as e:
+                    local.append(e)
+                    raise
+                if t is None:
+                    continue
+                t = t.filter(pc.is_in(t.column("key"), value_set=keys))  # rows deleted since are not uploaded
+                if t.num_rows:
+                    reuploaded += t.num_rows
+                    done += t.num_rows
+                    if progress is not None:
+                        progress(done, total)
+                    yield t
 
         local: list[CorruptionError] = []
         try:
@@ -334,10 +368,27 @@ class Snapshots:
             s.index.set_batches(infos)
             s.index.clear_tombstones(tombstones)
         if manifest:
+            self.audit.committed(found, int(manifest["version"]), reuploaded)
+        elif found is not None:
+            self.audit.settle(found)
+        if manifest:
             s.index.put_setting("last_snapshot", str(manifest["snapshot_id"]).encode())
             self._last.update(id=manifest["snapshot_id"], at=time.time(), error=None)
             self.refresh_cold()
         return manifest, more
+
+    def _audit(self) -> Missing | None:
+        """``LakeAudit.check`` on the lake; its failure is reported (``stats()["cold"]["audit_error"]``)
+        and retried at the next snapshot, but never holds up the snapshot itself."""
+        try:
+            found = self.audit.check(self._lake())
+        except (LakeError, CorruptionError) as e:
+            self._audit_error = f"{type(e).__name__}: {e}"
+            log.warning("could not check lake %s for rows of run %r removed by another writer: %s",
+                        self.lake_url, self.s.run_id, e)
+            return None
+        self._audit_error = None
+        return found
 
     def reconcile(self) -> None:
         """Mark batches a committed snapshot holds although the index missed it (crash after commit).
@@ -486,6 +537,7 @@ class Snapshots:
             "rows": ls["rows"], "files": ls["files"], "bytes": ls["bytes"], "last_snapshot_id": ls["id"],
             "last_snapshot_age_s": (time.time() - ls["at"]) if ls["at"] else None,
             "last_error": ls["error"], "url": self.lake_url,
+            **self.audit.stats(), "audit_error": self._audit_error,
         }
 
     def compact(self, target_file_bytes: int, progress: Any) -> dict:
