@@ -130,7 +130,7 @@ def _check_lake_side(index: KeyIndex, batches: dict[int, BatchInfo], lake_url: s
     try:
         found = find_missing(index, batches, lake, run)
         if found.rows:
-            found.removed_by = removals(lake, foreign_versions(lake, None, res["version"] or 0), run)
+            found.removed_by = removals(lake, foreign_versions(lake, None), run)
     except (CorruptionError, LakeError, OSError) as e:
         return problems + [f"the run's keys in lake {lake_url} cannot be read: {e}"], fields
     fields["missing_rows"] = found.rows

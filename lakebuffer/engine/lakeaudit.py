@@ -82,14 +82,15 @@ def lake_keys(lake: Lake, run_id: str) -> pa.Array:
     return col if col.type == pa.string() else col.cast(pa.string())
 
 
-def foreign_versions(lake: Lake, after: int | None, upto: int) -> list[int]:
-    """Versions in ``(after, upto]`` committed without lakebuffer's document (another writer's)."""
-    dt = lake.table()
+def foreign_versions(lake: Lake, after: int | None, dt: Any = None) -> list[int]:
+    """Versions after ``after`` up to ``dt``'s (default: the latest) committed without lakebuffer's
+    document: another writer's (the documents are cached per process: no log read in steady state)."""
+    dt = lake.table() if dt is None else dt
     if dt is None:
         return []
     ours = lake.delta.docs(dt)
     start = -1 if after is None else after
-    return [v for v in range(start + 1, upto + 1) if v not in ours]
+    return [v for v in range(start + 1, dt.version() + 1) if v not in ours]
 
 
 def removals(lake: Lake, versions: list[int], run_id: str) -> list[dict]:
@@ -179,7 +180,7 @@ class LakeAudit:
         from ..lake.table import entries_of
 
         in_lake = sum(int(e["rows"] or 0) for e in entries_of(dt, s.run_id))
-        foreign = foreign_versions(lake, self.version, version)
+        foreign = foreign_versions(lake, self.version, dt)
         if not foreign and in_lake >= expected - self.totals["lost_rows"]:
             self._seen(version)
             return None
