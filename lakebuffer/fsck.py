@@ -139,8 +139,9 @@ def _check_lake_side(index: KeyIndex, batches: dict[int, BatchInfo], lake_url: s
         problems.append(
             f"{found.rows} rows of run {run!r} committed to the lake are gone from it (removed by another writer"
             f"{': ' + ', '.join(by) if by else ''}); {found.local_rows} are still held locally and the buffer's next "
-            f"snapshot uploads them again, {len(found.lost)} only the lake held and are lost")
-        fields["lost_keys_in_lake"] = found.lost
+            f"snapshot uploads them again; {len(found.lost)} only the lake held: the next snapshot uploads them "
+            "again from the removed files while a vacuum has not deleted those, else they are lost")
+        fields["lake_only_missing_keys"] = found.lost
     return problems, fields
 
 

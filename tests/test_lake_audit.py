@@ -63,7 +63,7 @@ def test_external_overwrite_is_noticed_reuploaded_and_reported(tmp_path):
         assert len(again) == 405
 
 
-def test_rows_only_the_lake_held_are_reported_lost_never_silently(tmp_path):
+def test_rows_only_the_lake_held_come_back_until_a_vacuum_then_are_reported_lost(tmp_path):
     lake, path = str(tmp_path / "lake"), tmp_path / "buf"
     opts = dict(lake=lake, run_id="r", snapshot_interval_s=0, memory_limit_mb=2, disk_limit_gb=2 / 1024)
     with lb.ReplayBuffer.open(path, **opts) as buf:
@@ -72,25 +72,35 @@ def test_rows_only_the_lake_held_are_reported_lost_never_silently(tmp_path):
             if i % 4 == 3:
                 buf.snapshot(wait=True)
         buf.snapshot(wait=True)
-        cold_rows = buf.stats()["tiers"]["cold"]["rows"]
-        assert cold_rows > 0
+        assert buf.stats()["tiers"]["cold"]["rows"] > 40
         cold_keys = pa.array(buf.sql("SELECT key FROM cold_rows ORDER BY key LIMIT 40").column("key").to_pylist())
         local_keys = pa.array(buf.sql("SELECT key FROM warm ORDER BY key LIMIT 7").column("key").to_pylist())
-    _overwrite_without(lake, pa.concat_arrays([cold_keys, local_keys]))
+    _overwrite_without(lake, pa.concat_arrays([cold_keys.slice(0, 20), local_keys]))
 
     rep = fsck(path, lake=lake)
-    assert not rep["ok"] and rep["missing_rows"] == 47 and sorted(rep["lost_keys_in_lake"]) == cold_keys.to_pylist()
+    assert not rep["ok"] and rep["missing_rows"] == 27
+    assert sorted(rep["lake_only_missing_keys"]) == cold_keys.slice(0, 20).to_pylist()
 
-    with lb.ReplayBuffer.open(path, **opts) as buf:
+    with lb.ReplayBuffer.open(path, **opts) as buf:  # the removed files are still there: every row comes back
         buf.push(make_rollouts(8, version=5, seed=99))
         buf.snapshot(wait=True)
         cold = buf.stats()["cold"]
-        assert (cold["missing_rows"], cold["reuploaded_rows"], cold["lost_rows"]) == (47, 7, 40)
-        assert cold["lost_keys"] == cold_keys.to_pylist()[:20]
-    with lb.ReplayBuffer.open(path, **opts) as buf:  # a reopen remembers, and does not count twice
+        assert (cold["missing_rows"], cold["reuploaded_rows"], cold["lost_rows"]) == (27, 27, 0)
+    n = _distinct_keys(lake, "r")
+    assert n[0] == n[1] == 36 * 64 + 8
+
+    _overwrite_without(lake, cold_keys.slice(20, 20))  # again, and this time a vacuum deletes the old files
+    DeltaTable(lake).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+    with lb.ReplayBuffer.open(path, **opts) as buf:
         buf.push(make_rollouts(8, version=6, seed=98))
         buf.snapshot(wait=True)
-        assert buf.stats()["cold"]["lost_rows"] == 40 and buf.stats()["cold"]["missing_rows"] == 47
+        cold = buf.stats()["cold"]
+        assert (cold["missing_rows"], cold["reuploaded_rows"], cold["lost_rows"]) == (47, 27, 20)
+        assert cold["lost_keys"] == cold_keys.slice(20, 20).to_pylist()
+    with lb.ReplayBuffer.open(path, **opts) as buf:  # a reopen remembers, and does not count twice
+        buf.push(make_rollouts(8, version=7, seed=97))
+        buf.snapshot(wait=True)
+        assert (buf.stats()["cold"]["lost_rows"], buf.stats()["cold"]["missing_rows"]) == (20, 47)
 
 
 def test_external_overwrite_on_s3_is_noticed_and_reuploaded(s3_server, s3_bucket):

@@ -8,7 +8,9 @@ commit document (another writer's) since the version it last looked at, or fewer
 the log's stats than the index says were committed. Only then does it read the run's key column from
 the lake (keys only, no payload, no whole-file hashing) and compare it with the keys of the index's
 committed batches. Missing rows whose batch is still hot or warm are uploaded again by the same
-snapshot commit; rows only the lake held (cold batches) are lost and reported with their keys. The
+snapshot commit; so are rows only the lake held (cold batches) while the files the other writer
+removed are still there (until a vacuum), read and verified like any cold read; the rest are lost and
+reported with their keys. The
 totals and the last audited Delta version persist in the index (setting ``lake_audit``), so a reopen
 neither forgets what was lost nor repeats the comparison.
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,8 +29,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..errors import CorruptionError, LakeBufferError
 from ..index import BatchInfo, KeyIndex
 from ..lake import Lake
+from .reads import get, read_batch
 from .state import BufferState
 
 log = logging.getLogger("lakebuffer")
@@ -195,20 +200,22 @@ class LakeAudit:
                   _culprits(found.removed_by) or "unknown commit", found.local_rows, len(found.lost))
         return found
 
-    def committed(self, found: Missing | None, version: int, reuploaded: int) -> None:
-        """A snapshot commit landed (at ``version``), carrying ``reuploaded`` rows of ``found``."""
+    def committed(self, found: Missing | None, version: int, reuploaded: int = 0, lost: list[str] | None = None) -> None:
+        """A snapshot commit landed (at ``version``), carrying ``reuploaded`` rows of ``found``; ``lost``:
+        its keys that could not be read anywhere (default: every key only the lake held)."""
         if found is not None:
+            lost = found.lost if lost is None else lost
             self.totals["missing_rows"] += found.rows
             self.totals["missing_files"] += len(found.removed_by)
             self.totals["reuploaded_rows"] += reuploaded
-            self.totals["lost_rows"] += len(found.lost)
-            self.lost_keys = (self.lost_keys + found.lost)[:LOST_KEYS_KEPT]
+            self.totals["lost_rows"] += len(lost)
+            self.lost_keys = (self.lost_keys + lost)[:LOST_KEYS_KEPT]
             self.removed_by = (self.removed_by + found.removed_by)[-100:]
         self.version = None  # forces the write below
         self._seen(version)
 
     def settle(self, found: Missing) -> None:
-        """Nothing to upload again (only lost rows): record the finding without a commit."""
+        """Nothing could be uploaded again: record the finding without a commit."""
         self.committed(found, found.version, 0)
 
     def _seen(self, version: int) -> None:
@@ -220,6 +227,57 @@ class LakeAudit:
 
     def stats(self) -> dict[str, Any]:
         return {**self.totals, "lost_keys": self.lost_keys[:20], "removed_by": self.removed_by[-5:]}
+
+
+class Reupload:
+    """The rows of ``found`` one snapshot uploads again, as tables for ``commit_snapshot``: first those a
+    local tier holds, then those only the lake held, read through the buffer's cold path from the files
+    the other writer removed (verified against their sha256; gone after a vacuum: then they are lost).
+    Keys deleted meanwhile are skipped. ``rows``, ``lost`` and ``damage`` (a local copy failing its
+    check, raised as the local tier's error) are read after the commit."""
+
+    CHUNK = 1024  # keys per cold read: a read holds their payload once
+
+    def __init__(self, s: BufferState, found: Missing) -> None:
+        self.s = s
+        self.found = found
+        self.rows = 0
+        self.lost: list[str] = []
+        self.damage: CorruptionError | None = None
+
+    @property
+    def wanted(self) -> bool:
+        return bool(self.found.local or self.found.lost)
+
+    def tables(self) -> Iterator[pa.Table]:
+        for bid, keys in self.found.local.items():
+            try:
+                t = read_batch(self.s, bid)
+            except CorruptionError as e:
+                self.damage = e
+                raise
+            if t is None:
+                continue
+            t = t.filter(pc.is_in(t.column("key"), value_set=keys))
+            if t.num_rows:
+                self.rows += t.num_rows
+                yield t
+        lake_only = self.found.lost
+        for i in range(0, len(lake_only), self.CHUNK):
+            chunk = lake_only[i : i + self.CHUNK]
+            _, _, known = self.s.index.lookup(chunk)
+            chunk = [k for k, ok in zip(chunk, known.tolist()) if ok]
+            if not chunk:
+                continue
+            try:
+                t = get(self.s, chunk, None)
+            except LakeBufferError as e:
+                log.error("%d rows of run %r only the lake held cannot be read any more (%s): they are lost",
+                          len(chunk), self.s.run_id, e)
+                self.lost += chunk
+                continue
+            self.rows += t.num_rows
+            yield t
 
 
 def _culprits(removed: list[dict]) -> str:

@@ -21,14 +21,13 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ..errors import CorruptionError, LakeError
 from ..lake import Lake
 from ..lake.location import require_parent
 from ..schema import conform_restored
 from .deadline import bounded_call, bounded_iter
-from .lakeaudit import LakeAudit, Missing
+from .lakeaudit import LakeAudit, Missing, Reupload
 from .reads import read_batch
 from .state import BufferState
 from .tasks import P0
@@ -286,16 +285,14 @@ class Snapshots:
         s = self.s
         self.reconcile()  # a damaged manifest is reported as the lake's (damaged_lake), the index's as its own
         found = self._audit()
-        reupload = found.local if found is not None else {}
+        again = Reupload(s, found) if found is not None else None  # rows another writer removed
         with s.lock:
             behind = sorted(b for b, i in s.batches.items() if i.snapshot is None and (upto is None or b <= upto))
             pending = self._step(behind)
             tombstones = s.index.tombstones()
             next_seq = s.index.next_seq
         more = len(pending) < len(behind)
-        if not pending and not tombstones and not reupload:
-            if found is not None:  # only rows no local tier holds: reported as lost
-                self.audit.settle(found)
+        if not pending and not tombstones and (again is None or not again.wanted):
             return None, False
         lake = self._lake()
         if self._claimed:  # another buffer took the run over since: refuse
@@ -306,9 +303,8 @@ class Snapshots:
             except CorruptionError as e:
                 raise damaged_lake(self.lake_url, e) from e
             self._claimed = True
-        total = sum(s.batches[b].rows for b in pending if b in s.batches) + sum(len(k) for k in reupload.values())
+        total = sum(s.batches[b].rows for b in pending if b in s.batches) + (found.rows if found is not None else 0)
         done = 0
-        reuploaded = 0
         included: list[int] = []
 
         def rows():
@@ -328,26 +324,11 @@ class Snapshots:
                 if progress is not None:
                     progress(done, total)
                 yield t
-            yield from again()
-
-        def again():
-            """Rows of earlier snapshots another writer removed from the lake, from their local copies."""
-            nonlocal done, reuploaded
-            for bid, keys in reupload.items():
-                try:
-                    t = read_batch(s, bid)
-                except CorruptionError as e:
-                    local.append(e)
-                    raise
-                if t is None:
-                    continue
-                t = t.filter(pc.is_in(t.column("key"), value_set=keys))  # rows deleted since are not uploaded
-                if t.num_rows:
-                    reuploaded += t.num_rows
-                    done += t.num_rows
-                    if progress is not None:
-                        progress(done, total)
-                    yield t
+            for t in again.tables() if again is not None else ():
+                done += t.num_rows
+                if progress is not None:
+                    progress(done, total)
+                yield t
 
         local: list[CorruptionError] = []
         try:
@@ -355,7 +336,7 @@ class Snapshots:
                 s.run_id, rows(), tombstones, meta={"batches": pending, "next_seq": next_seq, "writer": self.writer_id}, force=bool(tombstones)
             )
         except CorruptionError as e:
-            if e in local:
+            if e in local or (again is not None and e is again.damage):
                 raise
             raise damaged_lake(self.lake_url, e) from e
         with s.lock:
@@ -368,7 +349,8 @@ class Snapshots:
             s.index.set_batches(infos)
             s.index.clear_tombstones(tombstones)
         if manifest:
-            self.audit.committed(found, int(manifest["version"]), reuploaded)
+            done_again = (again.rows, again.lost) if again is not None else (0, None)
+            self.audit.committed(found, int(manifest["version"]), *done_again)
         elif found is not None:
             self.audit.settle(found)
         if manifest:

@@ -35,18 +35,17 @@ def require_existing(lake: Lake) -> None:
 
 
 def require_parent(lake: Lake, create: bool = False) -> None:
-    """A writer's lake: ``LakeError`` when it has no Delta table yet and its local parent directory does
-    not exist, unless ``create`` (then the lake's directory is made). Object stores: nothing beyond the
+    """A writer's lake: ``LakeError`` when it does not exist and its local parent directory does not
+    either, unless ``create``; otherwise the lake's directory is made now (a reader opening the lake
+    before the first snapshot sees an empty lake, not a missing one). Object stores: nothing beyond the
     bucket probe ``Lake`` already did (a prefix in an existing bucket is an existing location)."""
     if not lake.store.local or _exists(lake, lake.store.root):
         return
     parent = os.path.dirname(lake.store.root.rstrip("/")) or "/"
-    if create:
+    if create or os.path.isdir(parent):  # made now, so readers of the (empty) lake find it before a snapshot
         lake.store.io(f"creating {lake.store.root}", os.makedirs, lake.store.root, exist_ok=True)
         return
-    if not os.path.isdir(parent):
-        raise LakeError(
-            f"the parent directory {parent} of lake {lake.url} does not exist, so the lake would be created "
-            "somewhere nobody made (a typo?): fix the lake URL, create the directory, or open with "
-            "create_lake=True"
-        )
+    raise LakeError(
+        f"the parent directory {parent} of lake {lake.url} does not exist, so the lake would be created "
+        "somewhere nobody made (a typo?): fix the lake URL, create the directory, or open with create_lake=True"
+    )
