@@ -17,14 +17,17 @@ and those lost. Nothing on the lake is ever changed or deleted by fsck.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .engine import quarantine
 from .engine.dirlock import DirLock
-from .engine.lakeaudit import find_missing, foreign_versions, removals
+from .engine.lakeaudit import AUDIT, find_missing, foreign_versions, removals
 from .engine.rebuild import rebuild_index
 from .engine.recovery import has_local_data, quarantine_segment, sweep_wal, unexplained_fragments
 from .engine.writeback import FragmentInstaller
@@ -113,8 +116,12 @@ def _damaged_log_file(url: str, storage_options: dict | None) -> str | None:
 
 
 def _check_lake_side(index: KeyIndex, batches: dict[int, BatchInfo], lake_url: str,
-                     storage_options: dict | None) -> tuple[list[str], dict[str, Any]]:
-    """The run's lake files (verified) and committed rows (present): problems and report fields."""
+                     storage_options: dict | None, repair: bool = False) -> tuple[list[str], dict[str, Any]]:
+    """The run's lake files (verified) and committed rows (present): problems and report fields.
+
+    ``repair`` forgets the keys the buffer itself recorded as lost (``engine/lakeaudit``: gone from the
+    lake and from the files another writer removed) and still finds missing: their rows exist nowhere,
+    and a key the index keeps would fail every read of it."""
     from .lake import Lake
     from .lake.check import check_files
 
@@ -142,7 +149,32 @@ def _check_lake_side(index: KeyIndex, batches: dict[int, BatchInfo], lake_url: s
             f"snapshot uploads them again; {len(found.lost)} only the lake held: the next snapshot uploads them "
             "again from the removed files while a vacuum has not deleted those, else they are lost")
         fields["lake_only_missing_keys"] = found.lost
+        if repair:
+            fields.update(_forget_lost(index, batches, found.lost))
     return problems, fields
+
+
+def _forget_lost(index: KeyIndex, batches: dict[int, BatchInfo], missing: list[str]) -> dict[str, Any]:
+    """Drop from the index the ``missing`` keys the buffer's lake audit recorded as lost."""
+    raw = index.get_setting(AUDIT)
+    audit = json.loads(raw.decode()) if raw else {}
+    recorded = set(audit.get("lost_keys", []))
+    forget = [k for k in missing if k in recorded]
+    if not forget:
+        return {}
+    batch, _pos, known = index.lookup(forget)
+    for bid in np.unique(batch[known]).tolist():
+        removed = [k for k, b, ok in zip(forget, batch.tolist(), known.tolist()) if ok and b == bid]
+        meta = index.batch_meta(bid)
+        info = batches[bid]
+        new_meta = meta.filter(pc.invert(pc.is_in(meta.column("key"), pa.array(removed, pa.string()))))
+        info.rows = new_meta.num_rows
+        index.rewrite_batch(info, removed, {}, new_meta)  # the other keys keep their lake locations
+    audit["lost_keys"] = [k for k in audit.get("lost_keys", []) if k not in set(forget)]
+    index.put_setting(AUDIT, json.dumps(audit).encode())
+    return {"forgot_lost_keys": forget,
+            "repaired_lake": [f"forgot {len(forget)} keys whose rows the lake lost (removed by another writer, "
+                              "then vacuumed; the buffer recorded them lost)"]}
 
 
 def _check_or_rebuild(path: Path, repair: bool, lake: str | None, storage_options: dict | None) -> dict[str, Any]:
@@ -299,8 +331,10 @@ def _check(path: Path, repair: bool, lake_url: str | None, storage_options: dict
             warm.drop_fragments(sorted(dead_frags - keep_frags))
         lake_fields: dict[str, Any] = {}
         if explicit_lake:
-            more, lake_fields = _check_lake_side(index, index.batches(), explicit_lake, storage_options)
+            more, lake_fields = _check_lake_side(index, index.batches(), explicit_lake, storage_options, repair)
             problems += more
+            repaired += lake_fields.pop("repaired_lake", [])
+            lost += lake_fields.pop("forgot_lost_keys", [])
         return {
             "ok": not problems,
             "problems": problems,

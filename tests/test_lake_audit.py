@@ -101,6 +101,15 @@ def test_rows_only_the_lake_held_come_back_until_a_vacuum_then_are_reported_lost
         buf.push(make_rollouts(8, version=7, seed=97))
         buf.snapshot(wait=True)
         assert (buf.stats()["cold"]["lost_rows"], buf.stats()["cold"]["missing_rows"]) == (20, 47)
+        total = len(buf)
+    rep = fsck(path, lake=lake)
+    assert not rep["ok"] and sorted(rep["lake_only_missing_keys"]) == cold_keys.slice(20, 20).to_pylist()
+    rep = fsck(path, lake=lake, repair=True)  # the keys whose rows exist nowhere leave the index
+    assert sorted(rep["lost_keys"]) == cold_keys.slice(20, 20).to_pylist()
+    assert fsck(path, lake=lake)["ok"]
+    with lb.ReplayBuffer.open(path, **opts) as buf:
+        assert len(buf) == total - 20
+        assert buf.get(buf.sample(len(buf), return_keys=True, seed=1), ["key"]).num_rows == total - 20
 
 
 def test_external_overwrite_on_s3_is_noticed_and_reuploaded(s3_server, s3_bucket):
