@@ -387,7 +387,7 @@ def fsck(
                 raise typer.BadParameter("--repair applies to a buffer directory; a lake is only checked (never changed)")
             report = check_lake(path, opts)
         else:
-            report = check(Path(path), repair=repair, lake=_opt("lake", lake), storage_options=opts)
+            report = {"path": path, **check(Path(path), repair=repair, lake=_opt("lake", lake), storage_options=opts)}
         if as_json:
             console.print_json(json.dumps(report, default=str))
         else:
@@ -425,7 +425,8 @@ def _print_fsck(report: dict[str, Any]) -> None:
                               highlight=False)
         else:
             console.print(f"  {key}: {_short(value)}", highlight=False)
-    _print_quarantine(report.get("quarantine") or [], report.get("quarantine_help"))
+    if "quarantine" in report:  # a buffer directory's (a lake has none)
+        _print_quarantine(report["quarantine"] or [], report.get("quarantine_help"))
 
 
 def _print_quarantine(entries: list[dict[str, Any]], help_text: str | None) -> None:

@@ -36,7 +36,8 @@ def _parquet_problem(lake: Lake, entry: dict) -> str | None:
 
 
 def check_files(lake: Lake, run_id: str | None = None) -> dict[str, Any]:
-    """``{"files", "bytes", "version", "damaged": [{"path", "run_id", "problem"}], "unverifiable"}`` over
+    """``{"files", "bytes" (as the log lists them), "version", "damaged": [{"path", "run_id", "problem"}],
+    "unverifiable"}`` over
     the live files of the table (or of ``run_id``); ``unverifiable`` counts files without a sha256 in
     their names (decoded instead)."""
     from .table import entries_of
@@ -56,8 +57,7 @@ def check_files(lake: Lake, run_id: str | None = None) -> dict[str, Any]:
         if problem is None and not sha256_of(entry["path"]):
             out["unverifiable"] += 1
             problem = _parquet_problem(lake, entry)
-        if problem is None:
-            out["bytes"] += int(entry["bytes"])
-        else:
+        out["bytes"] += int(entry["bytes"])
+        if problem is not None:
             out["damaged"].append({"path": url, "run_id": entry["run_id"], "problem": problem})
     return out
