@@ -352,8 +352,14 @@ def restore(
     def go() -> None:
         from .buffer import ReplayBuffer
         from .lake import Lake
+        from .lake.location import require_existing
 
-        if Lake(lake, _storage_options(storage_options), read_only=True).latest_manifest(run_id) is None:
+        source = Lake(lake, _storage_options(storage_options), read_only=True)
+        try:
+            require_existing(source)  # a typo in --lake: LakeError "does not exist", not "no snapshot"
+        except LakeError as e:
+            raise LakeError(f"{e} (asked to restore run {run_id!r})") from None
+        if source.latest_manifest(run_id) is None:
             raise LakeBufferError(f"lake {lake} holds no committed snapshot of run {run_id!r}")
         with _progress() as prog:
             task = prog.add_task("restore", total=None)

@@ -24,8 +24,9 @@ def test_open_lake_of_a_missing_path_is_a_lake_error(tmp_path):
         assert view.runs == []
 
 
-def test_cli_sql_and_stats_of_a_missing_lake_fail_with_lake_error(tmp_path):
-    for cmd in (["sql", str(tmp_path / "typo"), "SELECT 1"], ["stats", (tmp_path / "typo").as_uri()]):
+def test_cli_sql_stats_and_restore_of_a_missing_lake_fail_with_lake_error(tmp_path):
+    for cmd in (["sql", str(tmp_path / "typo"), "SELECT 1"], ["stats", (tmp_path / "typo").as_uri()],
+                ["restore", str(tmp_path / "x"), "--lake", str(tmp_path / "typo"), "--run-id", "r"]):
         code, _, err = run(*cmd)
         assert code == 1 and "LakeError" in err and "does not exist" in err.replace("\n", " "), err
 
