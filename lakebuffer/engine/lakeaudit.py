@@ -201,7 +201,8 @@ class LakeAudit:
             self._seen(version)
             return None
         log.error("lake %s lost %d committed rows of run %r (removed by another writer: %s); %d are still held "
-                  "locally and are uploaded again by this snapshot, %d are lost", lake.url, found.rows, s.run_id,
+                  "locally and %d only the lake held (read back from the removed files while they exist): this "
+                  "snapshot uploads them again", lake.url, found.rows, s.run_id,
                   _culprits(found.removed_by) or "unknown commit", found.local_rows, len(found.lost))
         return found
 
