@@ -220,6 +220,9 @@ def _print_stats(st: dict[str, Any]) -> None:
         if isinstance(cold.get("last_snapshot_id"), dict):  # a lake: one id per run
             ids = cold["last_snapshot_id"]
             detail = f"{len(ids)} run(s), last snapshots " + ", ".join(f"{r}: {i}" for r, i in sorted(ids.items()))
+        if cold.get("missing_rows"):  # another writer removed committed rows (engine/lakeaudit)
+            detail += (f"; {cold['missing_rows']} committed rows removed by another writer: "
+                       f"{cold.get('reuploaded_rows', 0)} uploaded again, {cold.get('lost_rows', 0)} lost")
         url = cold.get("url") or st.get("url") or "-"
         rt.add_row("cold", str(cold.get("rows", 0)), _mb(cold.get("bytes", 0)), str(cold.get("files", 0)),
                    f"{url} {detail}")

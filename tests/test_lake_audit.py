@@ -7,6 +7,8 @@ reports what only the lake held as lost (``stats()["cold"]``), and ``fsck --lake
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
@@ -58,6 +60,12 @@ def test_external_overwrite_is_noticed_reuploaded_and_reported(tmp_path):
         buf.snapshot(wait=True)
         assert buf.stats()["cold"]["missing_rows"] == 125
     assert _distinct_keys(lake, "r") == (405, 405)  # every row once: put back, no duplicates
+    from tests.test_lake_fsck import run
+
+    code, out, _ = run("stats", str(path), "--json")  # the CLI says it too
+    assert code == 0 and json.loads(out)["cold"]["missing_rows"] == 125
+    code, out, _ = run("stats", str(path))
+    assert code == 0 and "another" in out and "writer" in out and "125" in out
     assert fsck(path, lake=lake)["ok"]
     with lb.ReplayBuffer.open(tmp_path / "restored", lake=lake, run_id="r", snapshot_interval_s=0, takeover=True) as again:
         assert len(again) == 405
