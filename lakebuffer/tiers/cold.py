@@ -36,6 +36,7 @@ import pyarrow.dataset as pds
 import pyarrow.parquet as pq
 
 from ..errors import CorruptionError
+from ..lake.pages import MissingRows, PageReader
 from .base import Location, ScannedDataset, Staged, gather
 
 #: Parquet footers kept (one per lake file read; a footer is a few KB per row group)
@@ -87,6 +88,7 @@ class ColdTier:
         self._referenced: dict[str, dict] = {}  # lake path -> entry, of the files cold batches point at
         self._sql_entries: list[dict] | None = None  # None: exactly the referenced files
         self._footers: dict[str, pq.FileMetaData] = {}  # lake path -> Parquet footer (bounded, oldest dropped)
+        self._page_reader: PageReader | None = None  # keyed page reads of files with row digests
         self._manifest: dict | None = None  # the run's latest manifest, until the lake changes (``invalidate``)
         self._version = 0
 
@@ -200,10 +202,17 @@ class ColdTier:
         tables: list[pa.Table] = []
         which = np.empty(len(rows), np.int64)
         local = np.empty(len(rows), np.int64)
+        pages = self._pages(lake) if keys is not None else None
         for i, f in enumerate(uniq.tolist()):
             with self._lock:
                 entry = self._files[f]
             sel = np.flatnonzero(inv == i)
+            if pages is not None and self._has_digests(lake, pages, entry):
+                # the page path: only the pages holding these keys, every row checked by its digests
+                which[sel] = len(tables)
+                local[sel] = np.arange(len(sel), dtype=np.int64)
+                tables.append(self._page_take(lake, pages, entry, [keys[j] for j in sel.tolist()], want))
+                continue
             pf = self._open(lake, entry)
             starts = np.cumsum([0] + [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)])
             if (rows[sel] >= starts[-1]).any():
@@ -224,6 +233,54 @@ class ColdTier:
         if keys is not None and not pc.all(pc.equal(out.column("key"), pa.array(keys, pa.string()))).as_py():
             raise StaleLocation("a row is not the one its location named")
         return out.select(columns).cast(schema)
+
+    def _pages(self, lake: Any) -> PageReader:
+        """The page reader of the lake now served (one per lake store; a reopened lake gets a new one)."""
+        with self._lock:
+            if self._page_reader is None or self._page_reader.store is not lake.store:
+                self._page_reader = PageReader(lake.store)
+            return self._page_reader
+
+    def _has_digests(self, lake: Any, pages: PageReader, entry: dict) -> bool:
+        """Whether the file carries row digests (written since #23); its footer is read once."""
+        try:
+            return pages.hashed(entry)
+        except Exception as e:  # noqa: BLE001 - DataFusion raises plain Exceptions for missing/damaged files
+            pages.forget(entry["path"])
+            self._unreadable(lake, entry, e)
+            raise AssertionError("unreachable") from e
+
+    def _unreadable(self, lake: Any, entry: dict, e: BaseException) -> None:
+        """Raise what a file that could not be opened means: ``StaleLocation`` when the lake no longer
+        lists it (its rows live elsewhere), else ``CorruptionError`` naming it (missing or damaged)."""
+        url = lake.store.url_of(entry["path"])
+        if not self._live(lake, entry["path"]):
+            raise StaleLocation(entry["path"]) from None
+        if not lake.store.fs.exists(lake.store.abs(entry["path"])):
+            raise CorruptionError(f"lake file {url} listed in the Delta log is missing; restore it from a copy "
+                                  "of the lake (`lakebuffer fsck` lists every damaged file)") from None
+        raise CorruptionError(f"lake file {url} is not readable Parquet: {e}; restore it from a copy of the "
+                              "lake (`lakebuffer fsck` lists every damaged file)") from e
+
+    def _page_take(self, lake: Any, pages: PageReader, entry: dict, keys: list[str], columns: list[str]) -> pa.Table:
+        """Rows of ``keys`` from one file by the page path, in the buffer's types."""
+        from ..lake.verified import verify_entry
+
+        try:
+            t = pages.take(entry, keys, columns)
+        except MissingRows:
+            # moved by a compaction or delete (the file is gone from the lake), or its key pages are
+            # damaged: then the whole file fails its sha256 (``CorruptionError`` naming it)
+            pages.forget(entry["path"])
+            if self._live(lake, entry["path"]):
+                verify_entry(lake.store, entry)
+            raise StaleLocation(entry["path"]) from None
+        except CorruptionError:
+            pages.forget(entry["path"])
+            if not self._live(lake, entry["path"]):
+                raise StaleLocation(entry["path"]) from None
+            raise
+        return self._conform(t, columns)
 
     def _open(self, lake: Any, entry: dict) -> pq.ParquetFile:
         """The file, checked whole once per process (``verify_entry``), opened for ranged reads."""
@@ -266,6 +323,12 @@ class ColdTier:
         except (pa.ArrowInvalid, OSError) as e:
             raise CorruptionError(f"lake file {lake.store.url_of(entry['path'])} cannot be decoded ({e}); "
                                   "restore it from a copy of the lake") from e
+        return self._conform(t, columns)
+
+    def _conform(self, t: pa.Table, columns: list[str]) -> pa.Table:
+        """``columns`` of rows read from a lake file, in the buffer's types (partition columns and
+        columns the file predates filled in)."""
+        avail = set(t.column_names)
         n = t.num_rows
         arrays = []
         for c in columns:
