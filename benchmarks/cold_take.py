@@ -12,8 +12,9 @@ Then, over ``--rounds`` rounds of ``--keys`` random rows each (every candidate r
 round, the order of candidates rotating), the time to return ``response_ids`` of those rows:
 
 * ``old_pyarrow``: today's path without its sha256 (``read_row_group`` + take per row group);
-* ``new_datafusion``: ``lake/pages.PageReader`` (DataFusion 55, ``key IN``, filter pushdown, page
-  index), digests checked (candidate a, the one chosen);
+* ``new_datafusion``: ``lake/pages.PageReader.take_many`` (DataFusion 55, ``key IN``, filter pushdown,
+  page index, all files in one plan), digests checked (candidate a, the one chosen);
+  ``new_datafusion_per_file``: the same, one query per file in turn;
 * ``new_pyarrow``: the old path on the new files (pyarrow ignores the page index);
 * ``smallrg_pyarrow``: the old path on ~1 MiB row groups (b);
 * ``smallrg_coalesced``: one pyarrow dataset scan of the wanted row groups of each file with
@@ -197,9 +198,17 @@ def main() -> None:
             by_file.setdefault(where["new"][k][0], []).append(k)
         return sum(reader.take(new_entries[f], ks, COLS).num_rows for f, ks in by_file.items())
 
+    def run_df_many(keys: list[str]) -> int:
+        by_file: dict[int, list[str]] = {}
+        for k in keys:
+            by_file.setdefault(where["new"][k][0], []).append(k)
+        got = reader.take_many([(new_entries[f], ks) for f, ks in by_file.items()], COLS)
+        return sum(t.num_rows for t in got)
+
     cands = {
         "old_pyarrow": lambda ks: pyarrow_take(tmp / "old", old, [where["old"][k] for k in ks]).num_rows,
-        "new_datafusion": run_df,
+        "new_datafusion": run_df_many,
+        "new_datafusion_per_file": run_df,
         "new_pyarrow": lambda ks: pyarrow_take(tmp / "new", layouts["new"], [where["new"][k] for k in ks]).num_rows,
         "smallrg_pyarrow": lambda ks: pyarrow_take(tmp / "smallrg", layouts["smallrg"], [where["smallrg"][k] for k in ks]).num_rows,
         "smallrg_coalesced": lambda ks: coalesced_take(tmp / "smallrg", layouts["smallrg"], [where["smallrg"][k] for k in ks]).num_rows,

@@ -35,6 +35,7 @@ MAX_TABLES = 256
 METADATA_CACHE = "16M"
 #: bytes read from a file's end to get its footer (more if the footer says so)
 METADATA_HINT = 64 * 1024
+FILE_COLUMN = "_lb_file"  # which item of a ``take_many`` a row came from
 
 
 class MissingRows(Exception):
@@ -125,28 +126,27 @@ class PageReader:
         """Whether the file carries ``_lb_hash`` (else: read it the older verified way)."""
         return self._table(entry)[1] is not None
 
-    def take(self, entry: dict, keys: list[str], columns: list[str]) -> pa.Table:
-        """The rows of ``keys`` (in that order) with those of ``columns`` the file has, plus ``key``,
-        each checked against its digests; ``MissingRows`` for keys the file does not hold."""
+    def _frame(self, entry: dict, keys: list[str], columns: list[str]) -> tuple[Any, list[str], list[str]]:
+        """(DataFusion frame of the rows of ``keys`` with the asked columns the file has, + ``key`` and
+        ``_lb_hash``; those columns; the columns the digests cover)."""
         from datafusion import col, lit
         from datafusion import functions as F
 
         name, hashed, names = self._table(entry)
         assert hashed is not None, "take of a file without digests"
         cols = [c for c in dict.fromkeys(["key", *columns]) if c in names]
+        df = (self._context().table(name)
+              .filter(F.in_list(col("key"), [lit(k) for k in dict.fromkeys(keys)]))
+              .select(*[col(_quote(c)) for c in [*cols, HASH_COLUMN]]))
+        return df, cols, hashed
+
+    def _undecodable(self, entry: dict, e: BaseException) -> CorruptionError:
+        return CorruptionError(f"lake file {self.store.url_of(entry['path'])} cannot be decoded ({e}); restore it "
+                               "from a copy of the lake (`lakebuffer fsck` lists every damaged file)")
+
+    def _checked(self, entry: dict, got: pa.Table, keys: list[str], cols: list[str], hashed: list[str]) -> pa.Table:
+        """``got`` verified against its digests and put in the order of ``keys``."""
         url = self.store.url_of(entry["path"])
-        uniq = list(dict.fromkeys(keys))
-        try:
-            with native_call("reading lake pages"):
-                df = (self._context().table(name)
-                      .filter(F.in_list(col("key"), [lit(k) for k in uniq]))
-                      .select(*[col(_quote(c)) for c in [*cols, HASH_COLUMN]]))
-                got = df.to_arrow_table()
-        except Exception as e:  # a page that does not decode (DataFusion raises a generic Exception)
-            if isinstance(e, CorruptionError):
-                raise
-            raise CorruptionError(f"lake file {url} cannot be decoded ({e}); restore it from a copy of the "
-                                  "lake (`lakebuffer fsck` lists every damaged file)") from e
         missing = [c for c in cols if c not in hashed]
         if missing:
             raise CorruptionError(f"lake file {url}: its row digests do not cover columns {missing}; "
@@ -161,3 +161,47 @@ class PageReader:
             lost = np.flatnonzero(~at.is_valid().to_numpy(zero_copy_only=False)).tolist()
             raise MissingRows([keys[i] for i in lost])
         return got.select(cols).take(at)
+
+    def take(self, entry: dict, keys: list[str], columns: list[str]) -> pa.Table:
+        """The rows of ``keys`` (in that order) with those of ``columns`` the file has, plus ``key``,
+        each checked against its digests; ``MissingRows`` for keys the file does not hold."""
+        df, cols, hashed = self._frame(entry, keys, columns)
+        try:
+            with native_call("reading lake pages"):
+                got = df.to_arrow_table()
+        except Exception as e:  # noqa: BLE001 - a page that does not decode (DataFusion raises plain Exceptions)
+            raise self._undecodable(entry, e) from e
+        return self._checked(entry, got, keys, cols, hashed)
+
+    def take_many(self, items: list[tuple[dict, list[str]]], columns: list[str]) -> list[pa.Table | Exception]:
+        """``take`` of several files as one DataFusion plan (the files are read in parallel on its
+        threads); per item the table, or the error ``take`` would raise for that file."""
+        from datafusion import lit
+
+        out: list[pa.Table | Exception] = [Exception("not read")] * len(items)
+        groups: dict[tuple, list[tuple[int, Any, list[str]]]] = {}
+        for i, (entry, keys) in enumerate(items):
+            df, cols, hashed = self._frame(entry, keys, columns)
+            groups.setdefault(tuple(cols), []).append((i, df.select(lit(i).alias(FILE_COLUMN), *df.schema().names), hashed))
+        for cols, members in groups.items():
+            plan = members[0][1]
+            for _i, df, _h in members[1:]:
+                plan = plan.union(df)
+            try:
+                with native_call("reading lake pages"):
+                    got = plan.to_arrow_table()
+            except Exception:  # noqa: BLE001 - which file? read each alone to name it
+                for i, _df, _h in members:
+                    try:
+                        out[i] = self.take(items[i][0], items[i][1], columns)
+                    except Exception as e:  # noqa: BLE001 - handed to the caller per file
+                        out[i] = e
+                continue
+            which = got.column(FILE_COLUMN).to_numpy()
+            for i, _df, hashed in members:
+                part = got.filter(pa.array(which == i)).drop_columns([FILE_COLUMN])
+                try:
+                    out[i] = self._checked(items[i][0], part, items[i][1], list(cols), hashed)
+                except Exception as e:  # noqa: BLE001 - handed to the caller per file
+                    out[i] = e
+        return out

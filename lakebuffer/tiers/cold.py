@@ -203,15 +203,13 @@ class ColdTier:
         which = np.empty(len(rows), np.int64)
         local = np.empty(len(rows), np.int64)
         pages = self._pages(lake) if keys is not None else None
+        paged: list[tuple[dict, np.ndarray]] = []
         for i, f in enumerate(uniq.tolist()):
             with self._lock:
                 entry = self._files[f]
             sel = np.flatnonzero(inv == i)
             if pages is not None and self._has_digests(lake, pages, entry):
-                # the page path: only the pages holding these keys, every row checked by its digests
-                which[sel] = len(tables)
-                local[sel] = np.arange(len(sel), dtype=np.int64)
-                tables.append(self._page_take(lake, pages, entry, [keys[j] for j in sel.tolist()], want))
+                paged.append((entry, sel))  # the page path, for all such files at once below
                 continue
             pf = self._open(lake, entry)
             starts = np.cumsum([0] + [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)])
@@ -229,6 +227,14 @@ class ColdTier:
                 # hand the decoded row group's pages back now: Arrow's allocator (mimalloc) keeps freed
                 # pages otherwise, and a get touching many row groups grew RssAnon 167 MB instead of 65
                 pa.default_memory_pool().release_unused()
+        if paged:
+            # only the pages holding these keys, every row checked by its digests; one plan for all files
+            assert pages is not None and keys is not None
+            got = pages.take_many([(e, [keys[j] for j in sel.tolist()]) for e, sel in paged], want)
+            for (entry, sel), res in zip(paged, got):
+                which[sel] = len(tables)
+                local[sel] = np.arange(len(sel), dtype=np.int64)
+                tables.append(self._paged(lake, pages, entry, res, want))
         out = gather(tables, which, local, want)
         if keys is not None and not pc.all(pc.equal(out.column("key"), pa.array(keys, pa.string()))).as_py():
             raise StaleLocation("a row is not the one its location named")
@@ -262,25 +268,25 @@ class ColdTier:
         raise CorruptionError(f"lake file {url} is not readable Parquet: {e}; restore it from a copy of the "
                               "lake (`lakebuffer fsck` lists every damaged file)") from e
 
-    def _page_take(self, lake: Any, pages: PageReader, entry: dict, keys: list[str], columns: list[str]) -> pa.Table:
-        """Rows of ``keys`` from one file by the page path, in the buffer's types."""
+    def _paged(self, lake: Any, pages: PageReader, entry: dict, res: pa.Table | Exception, columns: list[str]) -> pa.Table:
+        """One file's result of the page path, in the buffer's types, or what its error means."""
         from ..lake.verified import verify_entry
 
-        try:
-            t = pages.take(entry, keys, columns)
-        except MissingRows:
+        if isinstance(res, pa.Table):
+            return self._conform(res, columns)
+        pages.forget(entry["path"])
+        if isinstance(res, MissingRows):
             # moved by a compaction or delete (the file is gone from the lake), or its key pages are
             # damaged: then the whole file fails its sha256 (``CorruptionError`` naming it)
-            pages.forget(entry["path"])
             if self._live(lake, entry["path"]):
                 verify_entry(lake.store, entry)
             raise StaleLocation(entry["path"]) from None
-        except CorruptionError:
-            pages.forget(entry["path"])
-            if not self._live(lake, entry["path"]):
-                raise StaleLocation(entry["path"]) from None
-            raise
-        return self._conform(t, columns)
+        if not self._live(lake, entry["path"]):
+            raise StaleLocation(entry["path"]) from None  # replaced and vacuumed: its rows live elsewhere
+        if isinstance(res, CorruptionError):
+            raise res
+        self._unreadable(lake, entry, res)
+        raise AssertionError("unreachable")
 
     def _open(self, lake: Any, entry: dict) -> pq.ParquetFile:
         """The file, checked whole once per process (``verify_entry``), opened for ranged reads."""
