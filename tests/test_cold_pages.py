@@ -266,3 +266,23 @@ def test_cold_get_on_s3_uses_ranged_reads_and_names_a_damaged_object(tmp_path, s
     finally:
         relay.kill()
         relay.join(10)
+
+
+def test_a_cold_get_while_s3_is_down_is_a_lake_error_in_bounded_time(tmp_path, s3_server, s3_bucket):
+    import time
+
+    from lakebuffer.errors import LakeError
+
+    with _open(tmp_path / "buf", f"{s3_bucket}/lake", storage_options=s3_server.storage_options) as buf:
+        _fill(buf, batches=12)
+        cold = _cold_keys(buf)
+        picks = [v[0][0] for v in cold.values()]
+        buf.get(picks, ["key"])  # footers cached: the next get only reads pages
+        s3_server.stop()
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(LakeError):
+                buf.get([v[-1][0] for v in cold.values()], ["response_ids"])
+            assert time.monotonic() - t0 < 60
+        finally:
+            s3_server.start()

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import CorruptionError
+from ..errors import CorruptionError, LakeBufferError, LakeError
 from .fs import LakeFS
 from .rowhash import HASH_COLUMN, file_digest_columns, mismatches
 from .runtime import native_call, s3_settings
@@ -44,6 +44,14 @@ class MissingRows(Exception):
     def __init__(self, keys: list[str]) -> None:
         super().__init__(f"{len(keys)} keys not in the file")
         self.keys = keys
+
+
+def storage_failed(e: BaseException) -> bool:
+    """Whether a DataFusion error came from the object store (network, credentials, throttling) rather
+    than from the bytes it read (DataFusion raises plain Exceptions; its message says which)."""
+    text = str(e).lower()
+    return any(m in text for m in ("object store error", "generic s3 error", "error sending request",
+                                   "connection refused", "timed out", "credential"))
 
 
 def _quote(name: str) -> str:
@@ -140,9 +148,15 @@ class PageReader:
               .select(*[col(_quote(c)) for c in [*cols, HASH_COLUMN]]))
         return df, cols, hashed
 
-    def _undecodable(self, entry: dict, e: BaseException) -> CorruptionError:
-        return CorruptionError(f"lake file {self.store.url_of(entry['path'])} cannot be decoded ({e}); restore it "
-                               "from a copy of the lake (`lakebuffer fsck` lists every damaged file)")
+    def _undecodable(self, entry: dict, e: BaseException) -> LakeBufferError:
+        """What a failed DataFusion read means: the storage did not answer (``LakeError``), or the
+        file's bytes do not decode (``CorruptionError``), naming the file either way."""
+        url = self.store.url_of(entry["path"])
+        if storage_failed(e):
+            return LakeError(f"reading lake file {url} failed: the lake's storage did not answer ({e}); "
+                             "retry once it is reachable")
+        return CorruptionError(f"lake file {url} cannot be decoded ({e}); restore it from a copy of the lake "
+                               "(`lakebuffer fsck` lists every damaged file)")
 
     def _checked(self, entry: dict, got: pa.Table, keys: list[str], cols: list[str], hashed: list[str]) -> pa.Table:
         """``got`` verified against its digests and put in the order of ``keys``."""

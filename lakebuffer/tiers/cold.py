@@ -35,8 +35,8 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pds
 import pyarrow.parquet as pq
 
-from ..errors import CorruptionError
-from ..lake.pages import MissingRows, PageReader
+from ..errors import CorruptionError, LakeBufferError, LakeError
+from ..lake.pages import MissingRows, PageReader, storage_failed
 from .base import Location, ScannedDataset, Staged, gather
 
 #: Parquet footers kept (one per lake file read; a footer is a few KB per row group)
@@ -262,6 +262,9 @@ class ColdTier:
         url = lake.store.url_of(entry["path"])
         if not self._live(lake, entry["path"]):
             raise StaleLocation(entry["path"]) from None
+        if storage_failed(e):
+            raise LakeError(f"reading lake file {url} failed: the lake's storage did not answer ({e}); "
+                            "retry once it is reachable") from e
         if not lake.store.fs.exists(lake.store.abs(entry["path"])):
             raise CorruptionError(f"lake file {url} listed in the Delta log is missing; restore it from a copy "
                                   "of the lake (`lakebuffer fsck` lists every damaged file)") from None
@@ -283,7 +286,7 @@ class ColdTier:
             raise StaleLocation(entry["path"]) from None
         if not self._live(lake, entry["path"]):
             raise StaleLocation(entry["path"]) from None  # replaced and vacuumed: its rows live elsewhere
-        if isinstance(res, CorruptionError):
+        if isinstance(res, LakeBufferError):
             raise res
         self._unreadable(lake, entry, res)
         raise AssertionError("unreachable")
