@@ -5,12 +5,16 @@ its batches' index entries then say *where in the lake* each row is: a lake file
 the Delta log) and the row inside it (``KeyIndex.set_cold``). A ``Location`` here is (file number, row
 in file); file numbers are this process's, handed out by ``number``.
 
-``take`` reads only the row groups that hold the asked rows, and of them only the asked columns: one
-ranged read per column chunk through Arrow's filesystem (S3 or local), never the whole file. Integrity
-is the lake's (``lake/verified.py``): a file is checked whole against the sha256 in its name once per
-process (and again on a local lake when its mtime changed), and every page read is checked against its
-CRC by pyarrow (``page_checksum_verification``): a read never returns bytes failing a checksum
-(``CorruptionError`` naming the file).
+``take_checked`` (every ``get``) reads a file written since #23 by key through ``lake/pages.PageReader``:
+DataFusion with ``key IN (...)`` pushed into the Parquet scan reads only the pages (64 KiB) that hold
+the asked rows, of the asked columns, by ranged reads (local or S3), all files of a call in one plan;
+every returned row is checked against its digests (``_lb_hash``, ``lake/rowhash.py``), so the cost of
+verification follows the bytes read and the whole-file sha256 is never paid here. A file without
+digests (written before), and ``take`` without keys, read only the row groups that hold the asked rows:
+one ranged read per column chunk through Arrow's filesystem, the file checked whole against the sha256
+in its name once per process (``lake/verified.py``; again on a local lake when its mtime changed) and
+every page against its CRC (``page_checksum_verification``). Either way a read never returns bytes
+failing a check (``CorruptionError`` naming the file).
 
 Locations can go stale: compaction and lake deletes rewrite files (other rows, other positions) and gc
 removes the replaced ones later. ``take_checked`` therefore reads each row's ``key`` too and raises
