@@ -99,6 +99,9 @@ def test_cold_get_returns_exact_rows_reading_pages_not_whole_files(tmp_path):
         # pages of 6 columns for 2 rows per file, not the files (the old path hashed each file whole)
         assert read < lake_bytes / 4, (read, lake_bytes)
         assert buf.stats()["reads"]["rows_from"]["cold"] >= len(picks)
+        every = buf.get(picks)  # every column, run_id (a partition column, not in the files) included
+        assert every.column("run_id").to_pylist() == [buf.run_id] * len(picks)
+        assert _same(every, ref, picks)
 
 
 def _flip(path: Path, offset: int) -> bytes:
