@@ -107,7 +107,8 @@ class PageReader:
             if got is not None:
                 self._tables.move_to_end(rel)
                 return got
-            ctx = self._context()
+            with native_call("starting the page reader"):
+                ctx = self._context()
             self._count += 1
             name = f"f{self._count}"
         with native_call("reading a lake file's footer"):
@@ -120,7 +121,8 @@ class PageReader:
             self._tables[rel] = got
             while len(self._tables) > MAX_TABLES:
                 _, (old, _h, _n) = self._tables.popitem(last=False)
-                ctx.deregister_table(old)
+                with native_call("forgetting a lake file"):
+                    ctx.deregister_table(old)
         return got
 
     def forget(self, rel: str) -> None:
@@ -128,7 +130,8 @@ class PageReader:
         with self._lock:
             got = self._tables.pop(rel, None)
             if got is not None and self._ctx is not None:
-                self._ctx.deregister_table(got[0])
+                with native_call("forgetting a lake file"):
+                    self._ctx.deregister_table(got[0])
 
     def hashed(self, entry: dict) -> bool:
         """Whether the file carries ``_lb_hash`` (else: read it the older verified way)."""
@@ -179,9 +182,11 @@ class PageReader:
     def take(self, entry: dict, keys: list[str], columns: list[str]) -> pa.Table:
         """The rows of ``keys`` (in that order) with those of ``columns`` the file has, plus ``key``,
         each checked against its digests; ``MissingRows`` for keys the file does not hold."""
-        df, cols, hashed = self._frame(entry, keys, columns)
         try:
+            # every DataFusion call inside the bracket, building the plan too: it blocks on its runtime
+            # with the GIL released, and a thread returning from there after exit began aborts the process
             with native_call("reading lake pages"):
+                df, cols, hashed = self._frame(entry, keys, columns)
                 got = df.to_arrow_table()
         except Exception as e:  # noqa: BLE001 - a page that does not decode (DataFusion raises plain Exceptions)
             raise self._undecodable(entry, e) from e
@@ -194,15 +199,16 @@ class PageReader:
 
         out: list[pa.Table | Exception] = [Exception("not read")] * len(items)
         groups: dict[tuple, list[tuple[int, Any, list[str]]]] = {}
-        for i, (entry, keys) in enumerate(items):
-            df, cols, hashed = self._frame(entry, keys, columns)
-            groups.setdefault(tuple(cols), []).append((i, df.select(lit(i).alias(FILE_COLUMN), *df.schema().names), hashed))
+        with native_call("planning a read of lake pages"):  # see ``take``
+            for i, (entry, keys) in enumerate(items):
+                df, cols, hashed = self._frame(entry, keys, columns)
+                groups.setdefault(tuple(cols), []).append((i, df.select(lit(i).alias(FILE_COLUMN), *df.schema().names), hashed))
         for cols, members in groups.items():
-            plan = members[0][1]
-            for _i, df, _h in members[1:]:
-                plan = plan.union(df)
             try:
                 with native_call("reading lake pages"):
+                    plan = members[0][1]
+                    for _i, df, _h in members[1:]:
+                        plan = plan.union(df)
                     got = plan.to_arrow_table()
             except Exception:  # noqa: BLE001 - which file? read each alone to name it
                 for i, _df, _h in members:
