@@ -35,6 +35,7 @@ MAX_TABLES = 256
 METADATA_CACHE = "16M"
 #: bytes read from a file's end to get its footer (more if the footer says so)
 METADATA_HINT = 64 * 1024
+PREPARE_THREADS = 8  # footers fetched at once by ``prepare``
 FILE_COLUMN = "_lb_file"  # which item of a ``take_many`` a row came from
 
 
@@ -124,6 +125,25 @@ class PageReader:
                 with native_call("forgetting a lake file"):
                     ctx.deregister_table(old)
         return got
+
+    def prepare(self, entries: list[dict]) -> None:
+        """Register the files not registered yet, ``PREPARE_THREADS`` at a time: each costs a footer
+        read (on S3 a request or two), and a first get touching tens of files paid them one by one.
+        Errors are left for the caller's own ``hashed``/``take`` of that file to report."""
+        with self._lock:
+            todo = [e for e in entries if e["path"] not in self._tables]
+        if len(todo) < 2:
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one(entry: dict) -> None:
+            try:
+                self._table(entry)
+            except Exception:  # noqa: BLE001 - reported by the caller's own read of the file
+                pass
+
+        with ThreadPoolExecutor(min(PREPARE_THREADS, len(todo)), thread_name_prefix="lakebuffer-footers") as pool:
+            list(pool.map(one, todo))
 
     def forget(self, rel: str) -> None:
         """A file replaced or removed: drop its registration (and cached footer)."""

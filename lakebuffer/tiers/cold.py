@@ -208,6 +208,10 @@ class ColdTier:
         local = np.empty(len(rows), np.int64)
         pages = self._pages(lake) if keys is not None else None
         paged: list[tuple[dict, np.ndarray]] = []
+        if pages is not None:
+            with self._lock:
+                entries = [self._files[f] for f in uniq.tolist()]
+            pages.prepare(entries)
         for i, f in enumerate(uniq.tolist()):
             with self._lock:
                 entry = self._files[f]
