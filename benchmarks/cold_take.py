@@ -157,7 +157,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--dir", default=None)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--page-kb", type=int, default=None, help="data page size of the new layout (default: the writer's)")
     a = ap.parse_args()
+    if a.page_kb:
+        import lakebuffer.lake.writer as lake_writer
+
+        lake_writer.DATA_PAGE_BYTES = a.page_kb * 1024
     import duckdb
     import lance
 

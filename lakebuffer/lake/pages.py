@@ -10,8 +10,9 @@ Why the digests: DataFusion does not verify Parquet page CRCs (a flipped byte ca
 values). Every file written since #23 carries ``_lb_hash`` (``lake/rowhash.py``); ``take`` reads it
 with the rows and checks the digest of the key and of every returned column of every returned row:
 a mismatch or a page that does not decode is a ``CorruptionError`` naming the file, and the whole-file
-sha256 is never read on this path. A file without the column (written before) gets ``None`` and is
-read the older, verified way by the caller.
+sha256 is never read on this path. A file without the column (written before: ``hashed`` is False),
+and a lake on a store DataFusion is not set up for here (``supports``: a local directory and S3 are),
+are read the older, verified way by the caller.
 """
 
 from __future__ import annotations
@@ -61,6 +62,11 @@ def _quote(name: str) -> str:
 
 class PageReader:
     """Keyed, page-granular reads of one lake's files (thread-safe; one DataFusion session per lake)."""
+
+    @staticmethod
+    def supports(store: LakeFS) -> bool:
+        """Whether the page path can read this lake: a plain local directory, or S3."""
+        return store.native_local or (not store.local and store.protocol in ("s3", "s3a"))
 
     def __init__(self, store: LakeFS, storage_options: dict | None = None) -> None:
         self.store = store

@@ -206,7 +206,7 @@ class ColdTier:
         tables: list[pa.Table] = []
         which = np.empty(len(rows), np.int64)
         local = np.empty(len(rows), np.int64)
-        pages = self._pages(lake) if keys is not None else None
+        pages = self._pages(lake) if keys is not None and PageReader.supports(lake.store) else None
         paged: list[tuple[dict, np.ndarray]] = []
         if pages is not None:
             with self._lock:
