@@ -33,10 +33,16 @@ COLS = ["key", "policy_version", "response_ids", "reward", "prompt_id", "verifie
 LIMIT_GB = 2 / 1024  # 2 MiB: most of the ~6 MiB pushed leaves local disk
 
 
-def _fill(buf: lb.ReplayBuffer, batches: int = 24, tokens: int = 256, versions: int = 3, every: int = 4) -> pa.Table:
+def _fill(buf: lb.ReplayBuffer, batches: int = 24, tokens: int = 256, versions: int = 3, every: int = 4,
+          user_keys: bool = False) -> pa.Table:
     pushed = []
     for i in range(batches):
         t = make_rollouts(64, tokens=tokens, version=i % versions, seed=i)
+        if user_keys:  # unordered keys of the caller's: the writer sorts each row group by key
+            t = t.append_column("key", pa.array([f"u{(i * 64 + j) * 7919 % 100003:06d}" for j in range(64)][::-1]))
+            buf.push(t)
+            pushed.append(t)
+            continue
         pushed.append(t.append_column("key", buf.push(t)))
         if i % every == every - 1:
             buf.snapshot(wait=True)
@@ -80,9 +86,10 @@ def _open(path: Path, lake: str, limit_gb: float = LIMIT_GB, **kw) -> lb.ReplayB
     return lb.ReplayBuffer.open(path, lake=lake, memory_limit_mb=2, snapshot_interval_s=0, disk_limit_gb=limit_gb, **kw)
 
 
-def test_cold_get_returns_exact_rows_reading_pages_not_whole_files(tmp_path):
+@pytest.mark.parametrize("user_keys", [False, True])
+def test_cold_get_returns_exact_rows_reading_pages_not_whole_files(tmp_path, user_keys):
     with _open(tmp_path / "buf", str(tmp_path / "lake")) as buf:
-        ref = _fill(buf)
+        ref = _fill(buf, user_keys=user_keys)
         cold = _cold_keys(buf)
         assert len(cold) >= 2
         rel = max(cold, key=lambda p: len(cold[p]))
