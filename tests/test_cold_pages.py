@@ -278,6 +278,7 @@ def test_cold_get_on_s3_uses_ranged_reads_and_names_a_damaged_object(tmp_path, s
         relay.join(10)
 
 
+@pytest.mark.slow  # the reader retries for ~10 s before it gives up (measured: 10.7 s under load)
 def test_a_cold_get_while_s3_is_down_is_a_lake_error_in_bounded_time(tmp_path, s3_server, s3_bucket):
     import time
 
