@@ -96,12 +96,12 @@ class ShardedReplayBuffer:
         self._schema: pa.Schema | None = None
         self._shares: dict[str, list[float]] = {}
         self._key_pattern = f"^{re.escape(self.run_id)}-shard(?P<s>[0-9]+)-[0-9]+$"
-        opts = {"max_restarts": max_restarts, "max_task_retries": 0, "num_cpus": 0, **(actor_options or {})}
-        places = _placement.strategies(ray, self.num_shards, placement)
+        places, self._pg = _placement.strategies(ray, self.num_shards, placement)
+        opts = {"max_restarts": max_restarts, "max_task_retries": 0, "num_cpus": 0}
         self._shards = []
         for i in range(self.num_shards):
             kw = {**open_kwargs, "lake": self.lake, "run_id": f"{self.run_id}-shard{i}"}
-            actor = ray.remote(**{**places[i], **opts})(Shard)
+            actor = ray.remote(**{**opts, **places[i], **(actor_options or {})})(Shard)
             self._shards.append(actor.remote(str(self.root), i, kw, durable))
         self._nodes: list[str | None] = [None] * self.num_shards
         self._init_local()
@@ -393,6 +393,8 @@ class ShardedReplayBuffer:
         finally:
             for s in self._shards:
                 ray.kill(s, no_restart=True)
+            _placement.release(ray, self._pg)
+            self._pg = None
             if self._union is not None:
                 self._union.close()
                 self._union = None

@@ -13,6 +13,7 @@ would on a real cluster; restarted on its own node it reopens its directory (WAL
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,16 @@ def node_id() -> str:
         return "local"
 
 
+def reconstructed() -> bool:
+    """True in an actor Ray restarted (its previous incarnation is dead, so its lake claim is stale)."""
+    try:
+        import ray
+
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+    except Exception:  # noqa: BLE001 - no Ray context
+        return False
+
+
 def shard_dir(root: str, index: int, node: str) -> Path:
     """Where shard ``index`` keeps its files on ``node`` (node-local: a node's own subdirectory)."""
     return Path(root) / f"node-{node[:16]}" / f"shard{index}"
@@ -50,7 +61,10 @@ class Shard:
         self.path = shard_dir(root, index, self.node)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.durable = durable
-        self.buf = ReplayBuffer.open(self.path, **open_kwargs)
+        self.calls: Counter[str] = Counter()  # sampling calls served (round trips per global sample)
+        # a restart (on another node after a node loss) takes over the run from its dead incarnation
+        kw = {**open_kwargs, "takeover": True} if reconstructed() else open_kwargs
+        self.buf = ReplayBuffer.open(self.path, **kw)
 
     # writes -------------------------------------------------------------------------------
     def push(self, table: pa.Table) -> pa.Array:
@@ -78,6 +92,7 @@ class Shard:
     def meta(self, where: str | None) -> tuple[pa.Table, bool]:
         """Every live row's metadata; ``(table, True)`` with a ``_match`` column when ``where``
         needs payload columns (evaluated here, where the payload is)."""
+        self.calls["meta"] += 1
         cat = self.buf._catalog
         pred = predicate.check(where)
         cat.sync()
@@ -88,6 +103,7 @@ class Shard:
     def top(self, k: int, where: str | None, seed: int, columns: list[str] | None, count: bool) -> dict[str, Any]:
         """The ``k`` matching rows of smallest seeded key hash (``UniformSampler``'s order), with
         ``h``, the requested columns, whether fewer than ``k`` exist, and (``count``) how many match."""
+        self.calls["top"] += 1
         cat = self.buf._catalog
         pred = predicate.check(where)
         cat.sync()
@@ -115,6 +131,7 @@ class Shard:
 
     def take(self, keys: pa.Array, columns: list[str] | None) -> pa.Table:
         """Record one replay of each key, then return their rows (``ReplayBuffer.sample``'s order)."""
+        self.calls["take"] += 1
         self.record(keys)
         return self.buf.get(keys, columns)
 
@@ -132,6 +149,9 @@ class Shard:
 
     def stats(self) -> dict:
         return self.buf.stats() | {"node": self.node, "shard": self.index}
+
+    def call_counts(self) -> dict[str, int]:
+        return dict(self.calls)
 
     def where(self) -> tuple[str, int]:
         """(node id, pid): where this shard runs now."""
