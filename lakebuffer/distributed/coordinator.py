@@ -95,6 +95,7 @@ class ShardedReplayBuffer:
         self._rr = 0
         self._schema: pa.Schema | None = None
         self._shares: dict[str, list[float]] = {}
+        self._floor = [0] * self.num_shards  # per shard: past the highest key number acknowledged
         self._key_pattern = f"^{re.escape(self.run_id)}-shard(?P<s>[0-9]+)-[0-9]+$"
         places, self._pg = _placement.strategies(ray, self.num_shards, placement)
         opts = {"max_restarts": max_restarts, "max_task_retries": 0, "num_cpus": 0}
@@ -198,13 +199,19 @@ class ShardedReplayBuffer:
         table = to_table(batch)
         dest = self._route(table)
         parts = draw.group_by_shard(dest, self.num_shards)
-        refs = [self._shards[i].push.remote(table.take(pa.array(idx))) for i, idx in parts.items()]
+        refs = [self._shards[i].push.remote(table.take(pa.array(idx)), self._floor[i]) for i, idx in parts.items()]
         try:
             results = self._get(refs)
         except _ShardDown:
             self._nodes = [None] * self.num_shards
             raise
-        keys = pa.concat_arrays([r.combine_chunks() if isinstance(r, pa.ChunkedArray) else r for r in results])
+        results = [r.combine_chunks() if isinstance(r, pa.ChunkedArray) else r for r in results]
+        for i, r in zip(parts, results):
+            last = r[len(r) - 1].as_py() if len(r) else ""
+            tail = last.rsplit("-", 1)[-1]
+            if last.startswith(f"{self.run_id}-shard{i}-") and tail.isdigit():
+                self._floor[i] = max(self._floor[i], int(tail) + 1)
+        keys = pa.concat_arrays(results)
         order = np.argsort(np.concatenate(list(parts.values())), kind="stable")
         return keys.take(pa.array(order))
 

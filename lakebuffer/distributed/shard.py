@@ -67,8 +67,13 @@ class Shard:
         self.buf = ReplayBuffer.open(self.path, **kw)
 
     # writes -------------------------------------------------------------------------------
-    def push(self, table: pa.Table) -> pa.Array:
-        """Push; with ``durable`` the rows are in the lake before the call returns (no loss window)."""
+    def push(self, table: pa.Table, floor: int = 0) -> pa.Array:
+        """Push; with ``durable`` the rows are in the lake before the call returns (no loss window).
+
+        ``floor``: the coordinator's next key number for this shard, so a shard that lost rows with
+        its node never reissues a key it acknowledged for one of them."""
+        if floor:
+            self.buf.index.advance_keys(floor)
         keys = self.buf.push(table)
         if self.durable:
             self.buf.snapshot(wait=True)
