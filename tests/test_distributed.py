@@ -1,4 +1,4 @@
-"""ShardedReplayBuffer on a local Ray (ray.init(num_cpus=2), 3 shards); multi-node: test_distributed_cluster.py."""
+"""ShardedReplayBuffer on a local Ray of its own (address="local": never a cluster another test started); multi-node: test_distributed_cluster.py."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from tests.test_samplers import CASES, WORLD, _case  # noqa: E402
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
     yield
     ray.shutdown()
 
@@ -140,19 +140,21 @@ def test_replacement_allow_fewer_and_global_quantiles_match_one_buffer(twins):
     assert rows.to_pydict() == ref.to_pydict()
 
 
-def test_a_uniform_sample_is_one_round_trip_per_shard(twins):
+def test_uniform_and_weighted_samples_are_one_round_trip_per_shard(twins):
     sharded, _ = twins
 
     def calls():
         return [ray.get(s.call_counts.remote()) for s in sharded.shards]
 
     sharded.sample(64, where="reward > 0.5", seed=0, columns=["key", "reward"])  # learns each shard's share
+    sharded.sample(64, where="reward > 0.5", seed=0, sampler="prioritized_time", return_keys=True)
     before = calls()
     for seed in range(1, 6):
         sharded.sample(64, where="reward > 0.5", seed=seed, columns=["key", "reward"])
+        sharded.sample(64, where="reward > 0.5", seed=seed, sampler="prioritized_time", return_keys=True)
     after = calls()
     for b, a in zip(before, after):
-        assert a.get("top", 0) - b.get("top", 0) == 5  # one call per shard per sample, rows included
+        assert a.get("top", 0) - b.get("top", 0) == 10  # one call per shard per sample, rows included
         assert a.get("meta", 0) == b.get("meta", 0) and a.get("take", 0) == b.get("take", 0)
 
 

@@ -33,6 +33,7 @@ from ..errors import KeyNotFoundError, LakeBufferError, OptionError
 from ..results import Snapshot
 from ..samplers import _common as c
 from ..samplers.base import Sampler
+from ..samplers.uniform import UniformSampler
 from ..schema import key_list, metadata_columns, to_table
 from . import ShardError, draw
 from . import placement as _placement
@@ -271,11 +272,15 @@ class ShardedReplayBuffer:
     def _sample_top(self, strategy: Any, n: int, where: str | None, seed: int | None, cols: list[str] | None,
                     return_keys: bool) -> tuple[pa.Array, pa.Table | None]:
         sql_seed = draw.sql_seed_of(seed)
-        shape = c.shape_of(c.combine(where))
+        uniform = isinstance(strategy, UniformSampler)
+        shape = f"{'uniform' if uniform else 'weighted'}:{c.shape_of(c.combine(where))}"
         want = [] if return_keys else cols
 
         def fetch(ks: dict[int, int], count: bool) -> dict[int, dict]:
-            got = self._call(lambda s, i: s.top.remote(ks[i], where, sql_seed, want, count), list(ks))
+            if uniform:
+                got = self._call(lambda s, i: s.top.remote(ks[i], where, sql_seed, want, count), list(ks))
+            else:
+                got = self._call(lambda s, i: s.top_weighted.remote(ks[i], where, strategy, sql_seed, want), list(ks))
             return dict(zip(ks, got))
 
         def top(m: int, count: bool) -> tuple[pa.Table, list]:
@@ -286,7 +291,13 @@ class ShardedReplayBuffer:
             self._shares[shape] = draw.shares_of(merged, self.num_shards)
             return merged, totals
 
-        rows, take = draw.uniform_plan(strategy, n, where, seed, top)
+        if uniform:
+            rows, take = draw.uniform_plan(strategy, n, where, seed, top)
+        elif n == 0:
+            rows, take = top(1, False)[0].slice(0, 0), None
+        else:
+            rows, take = top(n, False)[0], None
+            strategy.check_enough(n, rows.num_rows, f"{c.combine(where)} with a positive weight")
         if take is not None:
             rows = rows.take(pa.array(take))
         keys = rows.column("key").combine_chunks()

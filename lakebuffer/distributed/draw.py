@@ -11,6 +11,8 @@ the same seed):
   (rare: ``k_i`` is its share of the last draw of this predicate shape plus 4 standard
   deviations). With replacement the shards also count their matching rows, and the positions
   are drawn from the global total as ``UniformSampler`` does.
+* ``prioritized_time`` / ``priority`` without replacement: the same merge over each row's
+  Efraimidis-Spirakis key (a function of the row's seeded hash and weight only).
 * every other sampler, a user's own included: the shards return their rows' metadata (no
   payload; a ``where`` over payload is evaluated on the shards into a ``_match`` flag), the
   sampler runs on the coordinator over the union in a DuckDB catalog of its own, then the chosen
@@ -33,6 +35,8 @@ from ..catalog import Catalog
 from ..resources import render_sql
 from ..samplers import _common as c
 from ..samplers.base import Sampler
+from ..samplers.prioritized_time import PrioritizedTimeSampler
+from ..samplers.priority import PrioritySampler
 from ..samplers.uniform import UniformSampler
 
 #: per predicate shape: each shard's share of the last uniform draw (sizes the next ``k_i``)
@@ -40,8 +44,11 @@ _SHARES_MAX = 256
 
 
 def is_mergeable(strategy: Sampler) -> bool:
-    """Samplers answered by the top-k merge (exactly ``UniformSampler``, not a subclass)."""
-    return type(strategy) is UniformSampler
+    """Samplers answered by the top-k merge: exactly ``UniformSampler`` (not a subclass), and the
+    built-in weighted samplers without replacement (their Efraimidis-Spirakis keys are per row)."""
+    if type(strategy) is UniformSampler:
+        return True
+    return type(strategy) in (PrioritizedTimeSampler, PrioritySampler) and not strategy.replacement
 
 
 def plan_k(n: int, shares: Sequence[float] | None, num: int) -> list[int]:

@@ -122,6 +122,24 @@ class Shard:
             )
             rows = rows.slice(0, k)
             total = c.count_rows(cat, source, full) if count else None
+        return self._with_columns(rows, k, columns, exhausted) | {"total": total}
+
+    def top_weighted(self, k: int, where: str | None, strategy: Any, seed: int,
+                     columns: list[str] | None) -> dict[str, Any]:
+        """The ``k`` rows a ``WeightedSampler`` without replacement ranks first here (its
+        Efraimidis-Spirakis key as ``h``; this shard's ``update_priority`` values apply)."""
+        self.calls["top"] += 1
+        cat = self.buf._catalog
+        pred = predicate.check(where)
+        cat.sync()
+        with cat.lock, cat.counts_deferred():
+            source, full = c.resolve(cat, pred)
+            sql = render_sql("shard_weighted_top", source=source, where=full, n=k, u=c.uniform01("hh"),
+                             h=c.key_hash(cat, source, seed), logw=strategy.log_weight(cat, source, pred))
+            rows = cat.query(sql, sync=False)
+        return self._with_columns(rows, k, columns, False) | {"total": None}
+
+    def _with_columns(self, rows: pa.Table, k: int, columns: list[str] | None, exhausted: bool) -> dict[str, Any]:
         keys = rows.column("key").combine_chunks()
         out = pa.table({"key": keys, "h": rows.column("h").combine_chunks()})
         if columns is None or columns:
@@ -129,7 +147,7 @@ class Shard:
             for name in got.column_names:
                 if name not in out.column_names:
                     out = out.append_column(name, got.column(name))
-        return {"rows": out, "exhausted": bool(exhausted or rows.num_rows < k), "total": total}
+        return {"rows": out, "exhausted": bool(exhausted or rows.num_rows < k)}
 
     def get(self, keys: list[str] | pa.Array, columns: list[str] | None) -> pa.Table:
         return self.buf.get(keys, columns)
