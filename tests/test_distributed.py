@@ -166,3 +166,17 @@ def test_reads_wait_for_a_restarting_shard(ray_cluster, tmp_path):
         assert buf.count() == 64 and sorted(buf.get(keys, ["key"]).column(0).to_pylist()) == sorted(keys)
         assert time.monotonic() - t0 < 60
         assert isinstance(buf.sample(8, seed=1, return_keys=True), pa.Array)
+
+
+def test_the_dataset_layer_reads_a_sharded_buffer_like_a_buffer(twins):
+    """iter_batches over the sharded reader (a RolloutReader): every row once across two ranks."""
+    from lakebuffer.dataset import iter_batches
+
+    sharded, one = twins
+    seen = []
+    for rank in range(2):
+        for b in iter_batches(sharded, columns=["key", "reward"], batch_size=50, num_shards=2, shard=rank,
+                              where="reward > 0.2", drop_last=False):
+            seen += b.column("key").to_pylist()
+    want = one.sql("SELECT key FROM meta WHERE reward > 0.2").column(0).to_pylist()
+    assert len(seen) == len(set(seen)) and sorted(seen) == sorted(want)
