@@ -180,3 +180,16 @@ def test_the_dataset_layer_reads_a_sharded_buffer_like_a_buffer(twins):
             seen += b.column("key").to_pylist()
     want = one.sql("SELECT key FROM meta WHERE reward > 0.2").column(0).to_pylist()
     assert len(seen) == len(set(seen)) and sorted(seen) == sorted(want)
+
+
+def test_get_finds_keys_given_at_push(ray_cluster, tmp_path):
+    """Keys a user gave at push name no shard: get asks every shard, as one buffer would answer."""
+    with ShardedReplayBuffer(2, tmp_path / "k", run_id="k", snapshot_interval_s=None) as buf:
+        rows = make_rollouts(16, tokens=4, seed=3)
+        mine = [f"mine-{i}" for i in range(16)]
+        assert buf.push(rows.append_column("key", pa.array(mine))).to_pylist() == mine
+        made = buf.push(make_rollouts(16, tokens=4, seed=4, first_prompt=50)).to_pylist()
+        order = [mine[5], made[2], mine[0], made[9]]
+        assert buf.get(order, ["key"]).column(0).to_pylist() == order
+        with pytest.raises(lb.KeyNotFoundError):
+            buf.get(["mine-99"], ["key"])

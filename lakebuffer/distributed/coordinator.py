@@ -184,12 +184,29 @@ class ShardedReplayBuffer:
         return self._hash_route(table, col, self.num_shards)
 
     def _shard_of_keys(self, keys: pa.Array) -> np.ndarray:
-        """The shard index of each key this buffer made (``<run_id>-shard<i>-<n>``)."""
+        """The shard index of each key this buffer made (``<run_id>-shard<i>-<n>``), else -1
+        (a key the user gave at push: its shard is found by asking every shard)."""
         found = pc.extract_regex(keys, self._key_pattern)
+        digits = pc.if_else(pc.is_null(found), "-1", found.field("s"))
+        out = pc.cast(digits, pa.int64()).to_numpy(zero_copy_only=False)
         if found.null_count:
-            bad = keys.filter(pc.is_null(found))[0].as_py()
-            raise KeyNotFoundError(f"key {bad!r} was not made by this sharded buffer (run_id {self.run_id!r})")
-        return pc.cast(found.field("s"), pa.int64()).to_numpy()
+            out = out.copy()
+            out[out >= self.num_shards] = -1
+            self._locate(keys, out)
+        return out
+
+    def _locate(self, keys: pa.Array, out: np.ndarray) -> None:
+        """Fill in ``out`` (-1 entries) by asking every shard which of those keys it holds."""
+        unknown = np.flatnonzero(out < 0)
+        wanted = keys.take(pa.array(unknown))
+        held = self._call(lambda s, i: s.find.remote(wanted, ["key"]))
+        for i, t in enumerate(held):
+            pos = pc.index_in(wanted, value_set=t.column("key").combine_chunks()).to_numpy(zero_copy_only=False)
+            hit = ~np.isnan(pos.astype(np.float64))
+            out[unknown[hit]] = i
+        if (out < 0).any():
+            bad = keys[int(np.flatnonzero(out < 0)[0])].as_py()
+            raise KeyNotFoundError(f"key {bad!r} is in no shard of this sharded buffer (run_id {self.run_id!r})")
 
     # writes -----------------------------------------------------------------------------
     def push(self, batch: Any) -> pa.Array:

@@ -152,6 +152,12 @@ class Shard:
     def get(self, keys: list[str] | pa.Array, columns: list[str] | None) -> pa.Table:
         return self.buf.get(keys, columns)
 
+    def find(self, keys: pa.Array, columns: list[str] | None) -> pa.Table:
+        """The rows of those ``keys`` this shard holds (the others are skipped, not an error)."""
+        cat = self.buf._catalog
+        held = cat.query(render_sql("shard_known_keys"), wanted=pa.table({"key": keys})).column("key")
+        return self.buf.get(held.combine_chunks(), columns)
+
     def take(self, keys: pa.Array, columns: list[str] | None) -> pa.Table:
         """Record one replay of each key, then return their rows (``ReplayBuffer.sample``'s order)."""
         self.calls["take"] += 1
