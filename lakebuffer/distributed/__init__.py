@@ -12,30 +12,8 @@ contend for a manifest and ``ReplayBuffer.open_lake`` sees all of them as runs.
 
 from __future__ import annotations
 
-from typing import Any
-
-import numpy as np
-
-from ..errors import LakeBufferError
-
-
-class ShardError(LakeBufferError, RuntimeError):
-    """A shard actor failed or died while serving a call (the call's rows were not acknowledged)."""
-
-
-def split_counts(n: int, weights: Any) -> list[int]:
-    """Split ``n`` in proportion to ``weights`` (largest remainder; ties to the lower index)."""
-    total = int(sum(weights))
-    if total == 0:
-        return [0] * len(weights)
-    exact = np.asarray(weights, dtype=np.float64) * n / total
-    base = np.floor(exact).astype(np.int64)
-    short = n - int(base.sum())
-    order = np.argsort(-(exact - base), kind="stable")
-    base[order[:short]] += 1
-    return [int(min(b, w)) for b, w in zip(base, weights)]
-
-
-from .coordinator import ShardedReplayBuffer  # noqa: E402 - ShardError is defined first
+from .coordinator import ShardedReplayBuffer
+from .draw import split_counts
+from .shard import ShardError
 
 __all__ = ["ShardError", "ShardedReplayBuffer", "split_counts"]

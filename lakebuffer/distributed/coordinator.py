@@ -35,9 +35,9 @@ from ..samplers import _common as c
 from ..samplers.base import Sampler
 from ..samplers.uniform import UniformSampler
 from ..schema import key_list, metadata_columns, to_table
-from . import ShardError, draw
+from . import draw
 from . import placement as _placement
-from .shard import Shard, node_id
+from .shard import Shard, ShardError, node_id
 
 _ROUTES = ("group_id", "episode_id", "key", "round_robin", "local")
 

@@ -43,6 +43,19 @@ from ..samplers.uniform import UniformSampler
 _SHARES_MAX = 256
 
 
+def split_counts(n: int, weights: Sequence[int]) -> list[int]:
+    """Split ``n`` in proportion to ``weights`` (largest remainder; ties to the lower index)."""
+    total = int(sum(weights))
+    if total == 0:
+        return [0] * len(weights)
+    exact = np.asarray(weights, dtype=np.float64) * n / total
+    base = np.floor(exact).astype(np.int64)
+    short = n - int(base.sum())
+    order = np.argsort(-(exact - base), kind="stable")
+    base[order[:short]] += 1
+    return [int(min(b, w)) for b, w in zip(base, weights)]
+
+
 def is_mergeable(strategy: Sampler) -> bool:
     """Samplers answered by the top-k merge: exactly ``UniformSampler`` (not a subclass), and the
     built-in weighted samplers without replacement (their Efraimidis-Spirakis keys are per row)."""

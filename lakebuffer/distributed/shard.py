@@ -20,9 +20,14 @@ from typing import Any
 import pyarrow as pa
 
 from .. import predicate
+from ..errors import LakeBufferError
 from ..resources import render_sql
 from ..results import Snapshot
 from ..samplers import _common as c
+
+
+class ShardError(LakeBufferError, RuntimeError):
+    """A shard actor failed or died while serving a call (the call's rows were not acknowledged)."""
 
 
 def node_id() -> str:
