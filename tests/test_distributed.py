@@ -140,7 +140,7 @@ def test_replacement_allow_fewer_and_global_quantiles_match_one_buffer(twins):
     assert rows.to_pydict() == ref.to_pydict()
 
 
-def test_uniform_and_weighted_samples_are_one_round_trip_per_shard(twins):
+def test_uniform_weighted_and_group_samples_are_one_round_trip_per_shard(twins):
     sharded, _ = twins
 
     def calls():
@@ -152,9 +152,10 @@ def test_uniform_and_weighted_samples_are_one_round_trip_per_shard(twins):
     for seed in range(1, 6):
         sharded.sample(64, where="reward > 0.5", seed=seed, columns=["key", "reward"])
         sharded.sample(64, where="reward > 0.5", seed=seed, sampler="prioritized_time", return_keys=True)
+        sharded.sample(4, where="episode_id IS NULL", seed=seed, sampler="group", return_keys=True)
     after = calls()
     for b, a in zip(before, after):
-        assert a.get("top", 0) - b.get("top", 0) == 10  # one call per shard per sample, rows included
+        assert a.get("top", 0) - b.get("top", 0) == 15  # one call per shard per sample, rows included
         assert a.get("meta", 0) == b.get("meta", 0) and a.get("take", 0) == b.get("take", 0)
 
 

@@ -97,7 +97,7 @@ def test_node_removed_mid_ingest_and_mid_sample_with_durable_pushes(tmp_path):
         buf = ShardedReplayBuffer(2, tmp_path / "d", run_id="d", durable=True, snapshot_interval_s=None)
         try:
             acked: list[str] = []
-            failed: set[str] = set()  # groups of batches that raised (not acknowledged)
+            failed: set[str] = set()  # groups (prompt ids) of batches that raised: not acknowledged
             errors: list[BaseException] = []
             stop = threading.Event()
 
@@ -109,7 +109,7 @@ def test_node_removed_mid_ingest_and_mid_sample_with_durable_pushes(tmp_path):
                     try:
                         acked.extend(buf.push(batch).to_pylist())
                     except ShardError:  # not acknowledged (a producer would push it again)
-                        failed.update(batch.column("group_id").to_pylist())
+                        failed.update(batch.column("prompt_id").to_pylist())  # = group_id when stored
                         time.sleep(0.2)
                     except BaseException as e:  # noqa: BLE001
                         errors.append(e)

@@ -33,6 +33,7 @@ from ..errors import KeyNotFoundError, LakeBufferError, OptionError
 from ..results import Snapshot
 from ..samplers import _common as c
 from ..samplers.base import Sampler
+from ..samplers.group import GroupSampler
 from ..samplers.uniform import UniformSampler
 from ..schema import key_list, metadata_columns, to_table
 from . import draw
@@ -174,6 +175,10 @@ class ShardedReplayBuffer:
             return out
         if self.route.startswith("shard:"):
             return np.full(n, int(self.route.split(":", 1)[1]) % self.num_shards)
+        if "group_id" in table.column_names and "prompt_id" in table.column_names:
+            # a null group_id is filled with prompt_id at push: route by what will be stored
+            filled = pc.coalesce(table.column("group_id"), table.column("prompt_id"))
+            table = table.set_column(table.column_names.index("group_id"), "group_id", filled)
         group = "group_id" if "group_id" in table.column_names else "prompt_id"
         if self.route == "local":
             here = _placement.local_shards(self.shard_nodes, node_id())
@@ -276,7 +281,10 @@ class ShardedReplayBuffer:
         n = Sampler.check_n(n)
         predicate.check(where)
         cols = list(columns) if columns is not None else None
-        if draw.is_mergeable(strategy):
+        if type(strategy) is GroupSampler and self.route == "group_id":
+            keys, rows = self._sample_groups(strategy, n, where, seed, cols, return_keys)
+            info_where, cat = where, None
+        elif draw.is_mergeable(strategy):
             keys, rows, info_where, cat = *self._sample_top(strategy, n, where, seed, cols, return_keys), where, None
         else:
             keys, rows, info_where, cat = self._sample_union(strategy, n, where, seed, cols, return_keys)
@@ -327,6 +335,25 @@ class ShardedReplayBuffer:
             live = pc.add(rows.column(i).cast(pa.int64()), draw.count_repeats(keys)).cast(rows.schema.field(i).type)
             rows = rows.set_column(i, rows.schema.field(i), live)
         return keys, rows.select(cols if cols is not None else list(self.schema.names))
+
+    def _sample_groups(self, strategy: Any, n: int, where: str | None, seed: int | None, cols: list[str] | None,
+                       return_keys: bool) -> tuple[pa.Array, pa.Table | None]:
+        """Whole groups, each on one shard (routed by group_id): the shards' first groups merged."""
+        if n == 0:
+            keys, shard_of = pa.array([], pa.string()), np.zeros(0, np.int32)
+        else:
+            parts = self._call(lambda s, i: s.top_groups.remote(n, where, strategy, seed))
+            keys, shard_of, found = draw.merge_groups(parts, n, strategy.unit == "rows")
+            strategy.check_enough(n, found, c.combine(where), "rows" if strategy.unit == "rows" else strategy.unit_name)
+        if return_keys:
+            self._record(keys, shard_of)
+            return keys, None
+        pos = draw.group_by_shard(shard_of, self.num_shards)
+        got = self._call(lambda s, i: s.take.remote(keys.take(pa.array(pos[i])), cols), list(pos), retry=False)
+        if not pos:
+            empty = self.schema.empty_table()
+            return keys, empty.select(cols) if cols is not None else empty
+        return keys, draw.assemble(dict(zip(pos, got)), pos)
 
     def _record(self, keys: pa.Array, shard_of: np.ndarray) -> None:
         """Tell each shard which of its keys were drawn (fire and forget: the shard's next call runs after)."""

@@ -13,6 +13,8 @@ the same seed):
   are drawn from the global total as ``UniformSampler`` does.
 * ``prioritized_time`` / ``priority`` without replacement: the same merge over each row's
   Efraimidis-Spirakis key (a function of the row's seeded hash and weight only).
+* ``group`` when rows are routed by ``group_id`` (a group on one shard): each shard's first groups
+  for the seed, merged by the group's seeded hash (``merge_groups``).
 * every other sampler, a user's own included: the shards return their rows' metadata (no
   payload; a ``where`` over payload is evaluated on the shards into a ``_match`` flag), the
   sampler runs on the coordinator over the union in a DuckDB catalog of its own, then the chosen
@@ -62,6 +64,37 @@ def is_mergeable(strategy: Sampler) -> bool:
     if type(strategy) is UniformSampler:
         return True
     return type(strategy) in (PrioritizedTimeSampler, PrioritySampler) and not strategy.replacement
+
+
+def merge_groups(parts: Sequence[pa.Table], n: int, rows_unit: bool) -> tuple[pa.Array, np.ndarray, int]:
+    """The global first groups from each shard's first groups (``top_groups``: key, g, gh in order).
+
+    Exact when every group lives on one shard (``route="group_id"``): the sampler orders eligible
+    groups by (hash, id), so the global first ``n`` groups (or the fewest reaching ``n`` rows) are
+    a prefix of each shard's own first ones. Returns (keys in order, their shard, units found).
+    """
+    tagged = []
+    for i, t in enumerate(parts):
+        pos = pa.array(np.arange(t.num_rows, dtype=np.int64))
+        tagged.append(t.append_column("_pos", pos).append_column("_shard", pa.array(np.full(t.num_rows, i, np.int32))))
+    rows = pa.concat_tables(tagged, promote_options="default")
+    if rows.num_rows == 0:
+        return rows.column("key").combine_chunks(), np.zeros(0, np.int32), 0
+    groups = rows.group_by(["gh", "g"], use_threads=False).aggregate([("_pos", "min"), ("key", "count")])
+    groups = groups.sort_by([("gh", "ascending"), ("g", "ascending")])
+    sizes = groups.column("key_count").to_numpy()
+    if rows_unit:
+        reach = np.cumsum(sizes)
+        take = int(np.searchsorted(reach, n) + 1) if reach[-1] >= n else len(sizes)
+        found = int(reach[take - 1]) if take else 0
+    else:
+        take = min(n, len(sizes))
+        found = take
+    chosen = groups.slice(0, take)
+    rank = pc.index_in(rows.column("g"), value_set=chosen.column("g"))
+    picked = rows.append_column("_rank", rank).filter(pc.is_valid(rank))
+    picked = picked.sort_by([("_rank", "ascending"), ("_pos", "ascending")])
+    return picked.column("key").combine_chunks(), picked.column("_shard").to_numpy(), found
 
 
 def plan_k(n: int, shares: Sequence[float] | None, num: int) -> list[int]:

@@ -12,18 +12,23 @@ would on a real cluster; restarted on its own node it reopens its directory (WAL
 
 from __future__ import annotations
 
+import copy
 import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .. import predicate
+from .. import samplers as _samplers
 from ..errors import LakeBufferError
 from ..resources import render_sql
 from ..results import Snapshot
 from ..samplers import _common as c
+from ..samplers.base import Sampler
 
 
 class ShardError(LakeBufferError, RuntimeError):
@@ -143,6 +148,22 @@ class Shard:
                              h=c.key_hash(cat, source, seed), logw=strategy.log_weight(cat, source, pred))
             rows = cat.query(sql, sync=False)
         return self._with_columns(rows, k, columns, False) | {"total": None}
+
+    def top_groups(self, n: int, where: str | None, strategy: Any, seed: int | None) -> pa.Table:
+        """This shard's first ``n`` groups (rows: enough groups for ``n`` rows) as ``strategy`` (a
+        ``GroupSampler``) orders them for ``seed``: ``key``, ``g`` (the group) and ``gh`` (its
+        seeded hash), in the sampler's order; fewer when this shard has fewer."""
+        self.calls["top"] += 1
+        part = copy.copy(strategy)
+        part.allow_fewer = True
+        cat = self.buf._catalog
+        cat.sync()
+        with cat.counts_deferred():
+            keys = _samplers.draw(part, cat, n, where, seed)
+            gh = c.value_hash([strategy.by], Sampler.seed_from(np.random.default_rng(seed)))
+            found = cat.query(render_sql("shard_group_of", by=strategy.by, gh=gh), sync=False,
+                              wanted=pa.table({"key": keys}))
+        return found.take(pc.index_in(keys, value_set=found.column("key")))
 
     def _with_columns(self, rows: pa.Table, k: int, columns: list[str] | None, exhausted: bool) -> dict[str, Any]:
         keys = rows.column("key").combine_chunks()
