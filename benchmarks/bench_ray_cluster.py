@@ -4,7 +4,7 @@
 
 Per node count: ingest from one driver (512-row pushes of lakebuffer.bench.data rollouts), global
 samples of 256 (uniform: the one-round-trip top-k merge, keys only and with two columns;
-prioritized_time: the metadata-union path), and, with 2+ nodes, node-loss recovery: snapshot,
+prioritized_time and group: the same kind of merge; reward top_fraction: the metadata-union path), and, with 2+ nodes, node-loss recovery: snapshot,
 remove a worker node, time until ``count()`` answers every snapshotted row again (its shard
 restarted on a surviving node and resumed from the lake). With 2 nodes also the cost of
 ``durable=True`` (acknowledge after the lake commit) on ingest.
@@ -66,6 +66,10 @@ def run(nodes: int, batches: list, root: str, trials: int) -> dict:
                                         trials)
             out["ptime_keys"] = timed(lambda s: buf.sample(256, where=where, seed=s, sampler="prioritized_time",
                                                            return_keys=True), max(5, trials // 5))
+            out["group_keys"] = timed(lambda s: buf.sample(32, where=where, seed=s, sampler="group", match="any",
+                                                           return_keys=True), max(5, trials // 5))
+            out["union_reward_keys"] = timed(lambda s: buf.sample(256, where=where, seed=s, sampler="reward",
+                                                                  top_fraction=0.5, return_keys=True), max(5, trials // 5))
             if nodes >= 2:
                 snaps = buf.snapshot(wait=True)
                 total = sum(s.rows for s in snaps if s is not None)

@@ -194,3 +194,13 @@ def test_get_finds_keys_given_at_push(ray_cluster, tmp_path):
         assert buf.get(order, ["key"]).column(0).to_pylist() == order
         with pytest.raises(lb.KeyNotFoundError):
             buf.get(["mine-99"], ["key"])
+
+
+def test_a_shard_that_cannot_open_fails_fast(ray_cluster, tmp_path):
+    """A shard whose ReplayBuffer refuses to open (its run is held by another writer) is a ShardError
+    at once, not a 60 s wait for restarts that cannot help."""
+    with ShardedReplayBuffer(1, tmp_path / "a", tmp_path / "lake", run_id="same", snapshot_interval_s=None):
+        t0 = time.monotonic()
+        with pytest.raises(ShardError, match="could not open"):
+            ShardedReplayBuffer(1, tmp_path / "b", tmp_path / "lake", run_id="same", snapshot_interval_s=None)
+        assert time.monotonic() - t0 < 30

@@ -71,7 +71,7 @@ class ShardedReplayBuffer:
         self,
         num_shards: int,
         root: str | os.PathLike,
-        lake: str | None = None,
+        lake: str | os.PathLike | None = None,
         *,
         route: str = "group_id",
         run_id: str | None = None,
@@ -90,7 +90,7 @@ class ShardedReplayBuffer:
         self.num_shards = int(num_shards)
         self.root = Path(root)
         self.run_id = run_id or self.root.resolve().name
-        self.lake = lake or str(self.root / "lake")
+        self.lake = str(lake) if lake else str(self.root / "lake")
         self.route = route
         self.retry_s = float(retry_s)
         self.storage_options = open_kwargs.get("storage_options")
@@ -120,6 +120,8 @@ class ShardedReplayBuffer:
         try:
             return ray.get(refs)
         except ray.exceptions.RayActorError as e:
+            if getattr(e, "actor_init_failed", False):  # its ReplayBuffer refused to open: no restart helps
+                raise ShardError(f"a shard could not open its buffer (fix the cause, then reopen): {e}") from e
             raise _ShardDown(f"a shard actor died during the call (Ray restarts it; push again): {e}") from e
         except ray.exceptions.RayTaskError as e:
             cause = e.as_instanceof_cause() if hasattr(e, "as_instanceof_cause") else e
