@@ -351,7 +351,8 @@ class ShardedReplayBuffer:
             self._record(keys, shard_of)
             return keys, None
         pos = draw.group_by_shard(shard_of, self.num_shards)
-        got = self._call(lambda s, i: s.take.remote(keys.take(pa.array(pos[i])), cols), list(pos), retry=False)
+        # retried like a read: a retry after a restart may count a replay twice, never loses the sample
+        got = self._call(lambda s, i: s.take.remote(keys.take(pa.array(pos[i])), cols), list(pos))
         if not pos:
             empty = self.schema.empty_table()
             return keys, empty.select(cols) if cols is not None else empty
@@ -385,7 +386,8 @@ class ShardedReplayBuffer:
             self._record(keys, shard_of)
             return keys, None, w, union.catalog
         pos = draw.group_by_shard(shard_of, self.num_shards)
-        got = self._call(lambda s, i: s.take.remote(keys.take(pa.array(pos[i])), cols), list(pos), retry=False)
+        # retried like a read: a retry after a restart may count a replay twice, never loses the sample
+        got = self._call(lambda s, i: s.take.remote(keys.take(pa.array(pos[i])), cols), list(pos))
         rows = draw.assemble(dict(zip(pos, got)), pos)
         if not pos:
             rows = self.schema.empty_table()
