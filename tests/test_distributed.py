@@ -209,3 +209,21 @@ def test_a_shard_that_cannot_open_fails_fast(ray_cluster, tmp_path):
         with pytest.raises(ShardError, match="could not open"):
             ShardedReplayBuffer(1, tmp_path / "b", tmp_path / "lake", run_id="same", snapshot_interval_s=None)
         assert time.monotonic() - t0 < 30
+
+
+def test_episodes_routed_by_episode_merge_exactly(ray_cluster, tmp_path):
+    """route="episode_id": each episode on one shard, so the episode sampler takes the one-round-trip
+    merge and still draws what one buffer holding the same rows draws."""
+    with ShardedReplayBuffer(2, tmp_path / "e", route="episode_id", run_id="ep", snapshot_interval_s=None) as sharded:
+        for i in range(0, WORLD.num_rows, 256):
+            sharded.push(WORLD.slice(i, 256))
+        rows = sharded.sql_shards(f"SELECT {', '.join(WORLD.column_names)}, key FROM rollouts")
+        with lb.ReplayBuffer.open(tmp_path / "one", run_id="one", snapshot_interval_s=None) as one:
+            one.push(rows)
+            before = [ray.get(s.call_counts.remote()).get("meta", 0) for s in sharded.shards]
+            for kw in (dict(n=3), dict(n=40, unit="rows"), dict(n=25, allow_fewer=True, where="episode_id LIKE 'm%'")):
+                kw = dict(kw)
+                n = kw.pop("n")
+                a = sharded.sample(n, sampler="episode", seed=2, return_keys=True, **kw).to_pylist()
+                assert a == one.sample(n, sampler="episode", seed=2, return_keys=True, **kw).to_pylist(), kw
+            assert [ray.get(s.call_counts.remote()).get("meta", 0) for s in sharded.shards] == before  # no union

@@ -33,6 +33,7 @@ from ..errors import KeyNotFoundError, LakeBufferError, OptionError
 from ..results import Snapshot
 from ..samplers import _common as c
 from ..samplers.base import Sampler
+from ..samplers.episode import EpisodeSampler
 from ..samplers.group import GroupSampler
 from ..samplers.uniform import UniformSampler
 from ..schema import key_list, metadata_columns, to_table
@@ -283,7 +284,7 @@ class ShardedReplayBuffer:
         n = Sampler.check_n(n)
         predicate.check(where)
         cols = list(columns) if columns is not None else None
-        if type(strategy) is GroupSampler and self.route == "group_id":
+        if type(strategy) in (GroupSampler, EpisodeSampler) and self.route == strategy.by:  # units on one shard
             keys, rows = self._sample_groups(strategy, n, where, seed, cols, return_keys)
             info_where, cat = where, None
         elif draw.is_mergeable(strategy):
@@ -340,7 +341,8 @@ class ShardedReplayBuffer:
 
     def _sample_groups(self, strategy: Any, n: int, where: str | None, seed: int | None, cols: list[str] | None,
                        return_keys: bool) -> tuple[pa.Array, pa.Table | None]:
-        """Whole groups, each on one shard (routed by group_id): the shards' first groups merged."""
+        """Whole groups (episodes), each on one shard (routed by group_id / episode_id): the shards'
+        first groups merged."""
         if n == 0:
             keys, shard_of = pa.array([], pa.string()), np.zeros(0, np.int32)
         else:
