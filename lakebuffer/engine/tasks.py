@@ -180,5 +180,15 @@ class TaskQueue:
         with self._cv:
             self._stopping = True
             self._cv.notify_all()
+        self._join()
+
+    def stop(self) -> None:
+        """Stop without draining (a failed open or close): queued tasks are dropped (their work is
+        durable locally and redone at the next open), the running one finishes, the workers end."""
+        self.abandon()
+        self._join()
+
+    def _join(self) -> None:
         for t in self._threads:
-            t.join()
+            if t is not threading.current_thread():
+                t.join()
