@@ -40,8 +40,9 @@ def _matching(s: BufferState, keys: Sequence[str] | pa.Array | None, where: str 
     if keys is not None:
         wanted = key_list(keys)
     if where is not None:
-        source = s.catalog.source_for(where)
-        t = s.catalog.query(s.catalog.render("select_keys", source=source, where=predicate.check(where)))
+        pred = predicate.check(where)  # the user's strict check (and its limits) first
+        source = s.catalog.source_for(pred)
+        t = s.catalog.query(s.catalog.render("select_keys", source=source, where=pred))
         matched = t.column("key").to_pylist()
         wanted = matched if keys is None else sorted(set(wanted) & set(matched))
     return wanted
