@@ -339,15 +339,16 @@ class ReplayBuffer:
         self._check()
         strategy = _samplers.resolve(sampler, **options)
         catalog = self._catalog
-        catalog.sync()
-        if strategy.needs_counts:
-            keys = _samplers.draw(strategy, catalog, n, where, seed)
-        else:
-            with catalog.counts_deferred():
+        with self._state.gate.shared():  # no delete between the selection and the fetch (engine/readgate)
+            catalog.sync()
+            if strategy.needs_counts:
                 keys = _samplers.draw(strategy, catalog, n, where, seed)
-        catalog.record_replays(keys)
-        self._replays.record(keys)
-        out = keys if return_keys else self.get(keys, columns)
+            else:
+                with catalog.counts_deferred():
+                    keys = _samplers.draw(strategy, catalog, n, where, seed)
+            catalog.record_replays(keys)
+            self._replays.record(keys)
+            out = keys if return_keys else self.get(keys, columns)
         if return_info:
             return out, strategy.info(catalog, keys, where)
         return out
