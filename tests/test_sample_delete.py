@@ -95,7 +95,7 @@ def test_delete_completes_under_four_producers(tmp_path):
         pushed = [0]
 
         def producer(seed: int) -> None:
-            batch = make_rollouts(64, tokens=1024, seed=seed)
+            batch = make_rollouts(64, tokens=256, seed=seed)
             try:
                 while not stop.is_set():
                     buf.push(batch)
@@ -107,7 +107,7 @@ def test_delete_completes_under_four_producers(tmp_path):
         for t in producers:
             t.start()
         try:
-            time.sleep(2.0)  # the producers are at full speed, write-back and snapshots running
+            time.sleep(1.5)  # the producers are at full speed, write-back and snapshots running
             took = []
             for j in range(4):
                 t0 = time.monotonic()
@@ -131,3 +131,25 @@ def test_delete_completes_under_four_producers(tmp_path):
             gone = view.sql("SELECT count(*) AS n FROM rollouts WHERE key IN (SELECT unnest(?))", [first])
             assert gone.column("n")[0].as_py() == 0
             assert view.sql("SELECT count(*) AS n FROM rollouts").column("n")[0].as_py() == len(buf)
+
+
+def test_delete_does_not_wait_for_a_snapshot_in_progress(tmp_path):
+    """A snapshot of a backlog runs in many steps; the delete used to wait for all of them (a drain)."""
+    with lb.ReplayBuffer.open(tmp_path / "b", memory_limit_mb=256, snapshot_interval_s=0,
+                              snapshot_max_rows=200) as buf:
+        keys = []
+        for i in range(60):
+            keys += buf.push(make_rollouts(100, tokens=64, seed=i)).to_pylist()
+        buf.snapshot(wait=False)  # 30 steps of 200 rows, one task
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        assert buf.delete(keys=keys[:50] + keys[-50:]) == 100  # rows in the lake and rows not yet
+        took = time.monotonic() - t0
+        lag = buf.stats()["cold"]["lag_rows"]
+        assert lag > 0, f"the delete waited {took:.1f} s for the whole snapshot"
+        buf.flush()
+        buf.snapshot()
+        with lb.ReplayBuffer.open_lake(buf.lake_url) as view:
+            n = view.sql("SELECT count(*) AS n FROM rollouts WHERE key IN (SELECT unnest(?))", [keys[:50] + keys[-50:]])
+            assert n.column("n")[0].as_py() == 0  # rows the snapshot read before the delete left the lake too
+            assert view.sql("SELECT count(*) AS n FROM rollouts").column("n")[0].as_py() == 5900 == len(buf)
