@@ -43,7 +43,7 @@ from .engine.snapshots import RESTORING, Snapshots, lake_settings, open_lake
 from .engine.state import BufferState
 from .engine.tasks import TaskQueue
 from .engine.writeback import WriteBack
-from .errors import ClosedError, LakeError, OptionError, SchemaError
+from .errors import ClosedError, LakeError, OptionError, SchemaError, StorageError
 from .index import KeyIndex
 from .options import BufferOptions
 from .results import Snapshot
@@ -124,7 +124,11 @@ class ReplayBuffer:
         """Use ``ReplayBuffer.open`` (it documents the options)."""
         self.options = options if options is not None else BufferOptions(**kwargs)
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StorageError(f"cannot use {self.path} as a buffer directory ({type(e).__name__}: {e}): pass "
+                               "a directory, or a path whose parent can hold one") from e
         self._dirlock = DirLock(self.path).acquire()
         self._closed = False
         try:
@@ -335,6 +339,8 @@ class ReplayBuffer:
         ``return_info=True`` returns ``(rows, info)`` as TorchRL does: ``info["keys"]``, and for
         the ``priority`` sampler ``info["weights"]`` (importance weights, ``beta`` a sampler
         option) and ``info["probabilities"]``.
+        A ``delete`` in another thread waits for the sample (or the sample for it): the rows returned
+        exist when the sample runs, never half of a delete.
         """
         self._check()
         strategy = _samplers.resolve(sampler, **options)

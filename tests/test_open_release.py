@@ -176,6 +176,10 @@ def test_bad_options_are_option_errors_and_release(tmp_path):
     with pytest.raises(lb.OptionError):
         lb.ReplayBuffer.open(d, evict="no such (column")
     _assert_released(d, threads, fds)
+    (tmp_path / "file").write_text("not a directory")
+    for bad in (tmp_path / "file", tmp_path / "file" / "b"):
+        with pytest.raises(lb.StorageError, match="cannot use"):
+            lb.ReplayBuffer.open(bad)
 
 
 def test_restore_of_damaged_lake_file_releases(tmp_path):
