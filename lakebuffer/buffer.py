@@ -38,7 +38,7 @@ from .engine.promotion import ColdPromotion
 from .engine.recovery import recover, refuse_damaged_index
 from .engine.replays import ReplayLog
 from .engine.retention import Retention
-from .engine.snapshots import RESTORING, Snapshots, lake_settings, open_lake
+from .engine.snapshots import PENDING, RESTORING, Snapshots, lake_settings, open_lake
 from .engine.state import BufferState
 from .engine.tasks import TaskQueue
 from .engine.writeback import WriteBack
@@ -196,6 +196,9 @@ class ReplayBuffer:
                                     max_policy_lag=o.max_policy_lag)
         self._snapshots.claim(o.takeover)  # before anything reads or writes the run's lake side
         if fresh:  # only now: a directory refused above stays fresh (it restores when it opens)
+            # the resume is pending until the lake has been read: a refusal or a crash before then
+            # leaves the mark, and the next open checks the lake again instead of opening empty
+            self.index.put_setting(RESTORING, PENDING)
             self.index.put_setting("run_id", self.run_id.encode())
         recover(s, self._writeback)
         self._catalog.load_priorities(self.index.priorities())

@@ -34,6 +34,7 @@ from .writeback import FragmentInstaller
 log = logging.getLogger("lakebuffer")
 
 RESTORING = "restoring"  # index setting: the snapshot id of a restore not yet complete
+PENDING = b"pending"  # its value before a fresh directory has read the lake (which snapshot is unknown yet)
 
 _SNAPSHOT_THREAD: ThreadPoolExecutor | None = None
 _SNAPSHOT_THREAD_LOCK = threading.Lock()
@@ -383,6 +384,8 @@ class Snapshots:
         marker = s.index.get_setting(RESTORING)
         if not fresh and marker is None:
             return
+        if marker == PENDING:  # a fresh directory that has not read the lake yet
+            marker, fresh = None, True
         deadline = time.monotonic() + self.timeout_s if self.timeout_s else None
         overdue = lambda: self._overdue("restore")  # noqa: E731
         try:
@@ -394,10 +397,10 @@ class Snapshots:
         except (LakeError, CorruptionError) as e:
             if marker is not None:
                 raise self._interrupted(None, None, e) from e
-            self._last["error"] = str(damaged_lake(self.lake_url, e) if isinstance(e, CorruptionError) else e)
-            log.warning("cannot check the lake for run %r to restore: %s", s.run_id, e)
-            return
+            raise self._unreadable(e) from e
         if manifest is None:
+            if s.index.get_setting(RESTORING) == PENDING:
+                s.index.delete_setting(RESTORING)  # the lake holds nothing of the run: a new run
             return
         sid = manifest["snapshot_id"]
         s.index.set_next_seq(int(manifest.get("meta", {}).get("next_seq", 0)))  # before any push
@@ -446,6 +449,17 @@ class Snapshots:
             f"the restore of run {self.s.run_id!r} into {self.s.path} from {self.lake_url} was interrupted{where} "
             f"({e}); nothing is served until it completes: open the buffer again {when} "
             f"(the restore resumes where it stopped), or delete {self.s.path} to give it up")
+
+    def _unreadable(self, e: Exception) -> LakeError:
+        """The refusal of a fresh directory's resume while the lake cannot be read (issue 24): opening
+        empty would serve none of the run's rows and generate keys the lake already holds."""
+        what = "is damaged" if isinstance(e, CorruptionError) else "cannot be read"
+        return LakeError(
+            f"cannot resume run {self.s.run_id!r} into {self.s.path}: the lake {self.lake_url} {what} ({e}), so "
+            "which rows and keys the run already has is unknown. Nothing is served and no key is generated until "
+            "the lake reads: repair or restore its _delta_log from a copy (`lakebuffer fsck` names damaged files) "
+            f"or make it reachable, then open again (the directory stays a fresh resume); or open with another "
+            "run_id to start a new run")
 
     def _local_damage(self, e: CorruptionError) -> CorruptionError:
         """The refusal of a restore whose local side (the key index, the warm tier) is damaged: the

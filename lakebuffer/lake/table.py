@@ -24,6 +24,7 @@ from ..errors import LakeError, OldLakeFormatError, ReadOnlyError, SchemaError
 from ..predicate import partition_hint
 from ..resources import render_sql
 from ..schema import PARTITIONING, ROLLOUT_SCHEMA
+from ..tiers.base import DeferredDataset
 from . import commit, maintenance
 from .claims import WriterClaims
 from .delta import DeltaLog, app_id
@@ -363,10 +364,14 @@ class Lake:
     def register(self, con: Any, view: str = "cold", run_id: str | None = None) -> None:
         """Create or replace the DuckDB view ``view`` over the table's live rows.
 
-        No DuckDB extension is needed: the view reads a pyarrow dataset registered on ``con``
-        (verified as ``dataset`` says). The view is pinned to the version read now; call again to refresh.
+        No DuckDB extension is needed: the view reads a pyarrow dataset registered on ``con``, built
+        and verified as ``dataset`` says when a query first reads it (binding the view reads no data
+        file). The view is pinned to the version read now; call again to refresh.
         """
-        dset = self.dataset(run_id)
+        entries, docs = self._selected(run_id, None)  # pinned now, from the Delta log only
+        full = self._dataset_schema(docs)
+        # verified and built when a query reads the view, not here: an open binds views, reads no data
+        dset = DeferredDataset.over(lambda: self.dataset_of(entries, full), full)
         source = f"__lakebuffer_{view}_dataset"
         con.register(source, dset)
         con.execute(render_sql("lake_view", view=_ident(view), source=_ident(source)))
