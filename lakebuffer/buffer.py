@@ -86,12 +86,16 @@ class ReplayBuffer:
         disk_limit_gb: float | None = None,
         disk_free_floor_gb: float | None = None,
         promote_cold_reads: bool = False,
+        restore: str = "lazy",
     ) -> ReplayBuffer:
         """Open (creating or recovering) the buffer stored in directory ``path``.
 
         ``lake`` is the cold tier's fsspec URL (default ``<path>/lake``). An empty or missing ``path``
-        whose ``run_id`` has committed snapshots in ``lake`` is restored from the last one, eagerly
-        (every row written to the warm tier before ``open`` returns; ``progress(done, total)``).
+        whose ``run_id`` has committed snapshots in ``lake`` resumes from the last one (``progress(done,
+        total)``): ``restore="lazy"`` (default) indexes its rows as cold from the lake's metadata columns
+        (``sample``/``get`` served at once) and warms them in the background within ``disk_limit_gb``;
+        ``"cold"`` the same without warming; ``"eager"`` copies every row to the warm tier before ``open``
+        returns. While the lake cannot be read, such an open raises ``LakeError`` (never an empty run).
         Retention: past ``max_rows`` stored rows a push deletes the oldest, and rows more than
         ``max_policy_lag`` versions behind the newest are deleted (from every tier and the lake).
         A snapshot commits at most ``snapshot_max_rows`` rows / ``snapshot_max_bytes`` bytes; a backlog
@@ -178,7 +182,7 @@ class ReplayBuffer:
         self._snapshots = Snapshots(s, self.lake, self.lake_url, self._writeback.installer, o.snapshot_interval_s,
                                     lake_error=lake_error, storage_options=o.storage_options,
                                     max_rows=o.snapshot_max_rows, max_bytes=o.snapshot_max_bytes,
-                                    timeout_s=o.lake_timeout_s, lake_settings=lake_opts)
+                                    timeout_s=o.lake_timeout_s, lake_settings=lake_opts, restore=o.restore)
         s.cold = ColdTier(self._snapshots.current_lake, self.run_id, self.schema)
         self._disk = DiskBudget(s, s.cold, o.disk_limit_bytes, o.disk_free_floor_bytes,
                                 snapshot=self._snapshots.snapshot_now)
@@ -209,6 +213,8 @@ class ReplayBuffer:
             self.restored_from = self.lake_url
             self.index.put_setting("restored_from", self.lake_url.encode())
         self._snapshots.refresh_cold()
+        if o.restore == "lazy" and self._snapshots.resumed:  # off the open's path, within the disk budget
+            self._promotion.warm(reversed(self._snapshots.resumed))
         self._snapshots.start_timer()
 
     def _shutdown_parts(self) -> None:

@@ -47,8 +47,12 @@ class ColdPromotion:
 
     def note(self, batch_ids: Iterable[int]) -> None:
         """Cold batches a read was served from: queue each one's promotion (once while queued)."""
-        if not self.enabled:
-            return
+        if self.enabled:
+            self.warm(batch_ids)
+
+    def warm(self, batch_ids: Iterable[int]) -> None:
+        """Queue the promotion of these cold batches, in this order, whatever ``enabled`` says (a lazy
+        resume warms its batches in the background, ``engine/resume``); each one only if it fits."""
         with self._lock:
             new = [b for b in dict.fromkeys(int(b) for b in batch_ids) if b not in self._queued]
             self._queued.update(new)

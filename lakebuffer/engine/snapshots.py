@@ -25,6 +25,7 @@ import pyarrow as pa
 from ..errors import CorruptionError, LakeError
 from ..lake import Lake
 from ..schema import conform_restored
+from . import resume
 from .deadline import bounded_call, bounded_iter
 from .reads import read_batch
 from .state import BufferState
@@ -101,8 +102,10 @@ class Snapshots:
                  interval_s: float | None, *, lake_error: CorruptionError | None = None,
                  storage_options: dict | None = None, max_rows: int | None = None,
                  max_bytes: int | None = None, timeout_s: float | None = None,
-                 lake_settings: dict[str, Any] | None = None) -> None:
+                 lake_settings: dict[str, Any] | None = None, restore: str = "eager") -> None:
         self.s = state
+        self.restore_mode = restore  # "eager": copy every row; "lazy"/"cold": index them as cold (engine/resume)
+        self.resumed: list[int] = []  # cold batches a lazy resume indexed (the buffer warms them)
         self.lake_settings = dict(lake_settings or {})
         self.lake = lake
         self.lake_url = lake_url
@@ -407,6 +410,16 @@ class Snapshots:
         s.index.put_setting(RESTORING, str(sid).encode())
         total = sum(int(f["rows"]) for f in manifest["files"])
         done = 0
+        if self.restore_mode != "eager":
+            def check() -> None:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise overdue()
+            try:
+                self.resumed = resume.index_cold(s, lake, manifest, check, progress)
+            except (LakeError, CorruptionError) as e:  # nothing is served until it completes
+                raise self._interrupted(None, total, e) from e
+            self._restored(sid, total)
+            return
         # the deadline bounds every wait for the lake, also a read that stalls inside one batch
         stream = bounded_iter(lake.scan_batches(s.run_id, snapshot_id=sid), deadline, overdue,
                               name="lakebuffer-restore")
@@ -435,10 +448,15 @@ class Snapshots:
                     progress(done, total)
         finally:
             stream.close()
+        self._restored(sid, done)
+
+    def _restored(self, sid: int, rows: int) -> None:
+        s = self.s
         s.index.put_setting("last_snapshot", str(sid).encode())
         s.index.delete_setting(RESTORING)
         self._last.update(id=sid, at=None, error=None)
-        log.info("restored %d rollouts of run %r from %s (snapshot %s)", done, s.run_id, self.lake_url, sid)
+        log.info("restored %d rollouts of run %r from %s (snapshot %s, %s)", rows, s.run_id, self.lake_url, sid,
+                 self.restore_mode)
 
     def _interrupted(self, done: int | None, total: int | None, e: Exception) -> LakeError | CorruptionError:
         """The refusal of a restore the lake interrupted; a damaged lake file stays a ``CorruptionError``."""
