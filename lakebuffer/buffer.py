@@ -187,6 +187,7 @@ class ReplayBuffer:
         self._disk = DiskBudget(s, s.cold, o.disk_limit_bytes, o.disk_free_floor_bytes,
                                 snapshot=self._snapshots.snapshot_now)
         self._snapshots.after_install = self._disk.relieve  # a restore stays within the disk budget
+        self._disk.snapshot_ahead = self._snapshots.submit  # past the high watermark: snapshot ahead
         self._promotion = ColdPromotion(s, self._disk, o.promote_cold_reads)
         s.on_cold_read = self._promotion.note
         self._ingest = Ingest(s, self._budget, self._writeback, key_prefix=self.key_prefix,

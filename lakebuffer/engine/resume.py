@@ -19,7 +19,7 @@ resume resumes, skipping the rows already indexed (also those an earlier eager a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -64,25 +64,34 @@ def _meta(t: pa.Table, s: BufferState) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=pa.schema([s.schema.field(c) for c in s.meta_columns]))
 
 
-def index_cold(s: BufferState, lake: Any, manifest: dict, check_deadline: Callable[[], None],
-               progress: Any = None) -> list[int]:
-    """Index every live row of ``manifest`` (a snapshot of ``s.run_id``) as cold batches, one per Parquet
-    row group; rows the index already holds are skipped. The new batch ids, in lake order."""
-    sid = manifest["snapshot_id"]
-    want = list(dict.fromkeys(["key", *s.meta_columns]))
-    total = sum(int(f["rows"] or 0) for f in manifest["files"])
-    done = 0
-    added: list[int] = []
+class LakeSide(Exception):
+    """What ``read_meta`` raised (the lake's error), told apart from the index's own damage."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def lake_side(items: Iterable[Any]) -> Iterator[Any]:
+    """``items``, with the lake's ``LakeError``/``CorruptionError`` wrapped in ``LakeSide``."""
+    try:
+        yield from items
+    except (LakeError, CorruptionError) as e:
+        raise LakeSide(e) from e
+
+
+def read_meta(lake: Any, manifest: dict, columns: list[str]) -> Iterator[tuple[dict, np.ndarray, int, pa.Table]]:
+    """The lake side, one Parquet row group at a time: (file entry kept in the locations, the rows' row
+    numbers in the file, the group's uncompressed bytes, its ``key`` + ``columns``). Only these reads
+    touch the lake (the caller bounds them by its deadline on a helper thread)."""
+    want = list(dict.fromkeys(["key", *columns]))
     for entry in manifest["files"]:
         ref = {k: entry[k] for k in ENTRY_FIELDS if k in entry}
         pf = _open(lake.store, entry)
-        avail = set(pf.schema_arrow.names)
-        cols = [c for c in want if c in avail]
+        cols = [c for c in want if c in set(pf.schema_arrow.names)]
         start = 0
         for g in range(pf.metadata.num_row_groups):
-            check_deadline()
             rg = pf.metadata.row_group(g)
-            n = rg.num_rows
             try:
                 t = pf.read_row_group(g, columns=cols, use_threads=False)
             except pa.ArrowInvalid as e:
@@ -91,26 +100,36 @@ def index_cold(s: BufferState, lake: Any, manifest: dict, check_deadline: Callab
             except OSError as e:
                 raise LakeError(f"cannot read lake file {lake.store.url_of(entry['path'])} ({e}); open again once "
                                 "the lake is reachable") from e
-            keys = t.column("key").to_pylist()
-            _, _, found = s.index.lookup(keys)
-            rows = np.arange(start, start + n, dtype=np.int64)
-            start += n
-            done += n
-            if found.any():  # indexed by an earlier, interrupted attempt
-                keep = ~found
-                t, rows = t.filter(pa.array(keep)), rows[keep]
-                keys = [k for k, f in zip(keys, found.tolist()) if not f]
-            if keys:
-                meta = _meta(t, s)
-                bid = s.index.reserve_batch()
-                info = BatchInfo(batch_id=bid, tier="cold", rows=len(keys), files=[entry["path"]],
-                                 nbytes=int(rg.total_byte_size * len(keys) // max(n, 1)), snapshot=sid)
-                s.index.record_cold_batch(info, keys, meta, [ref], np.zeros(len(keys), np.int64), rows)
-                with s.lock:
-                    s.batches[bid] = info
-                    s.cold.admit(bid, info.rows, info.nbytes, [ref])
-                    s.catalog.insert_meta(with_batch(meta, bid).select(s.catalog.meta_schema.names))
-                added.append(bid)
-            if progress is not None:
-                progress(done, total)
+            yield ref, np.arange(start, start + rg.num_rows, dtype=np.int64), int(rg.total_byte_size), t
+            start += rg.num_rows
+
+
+def index_cold(s: BufferState, groups: Iterable[tuple[dict, np.ndarray, int, pa.Table]], sid: int,
+               total: int, progress: Any = None) -> list[int]:
+    """Index the rows of ``groups`` (``read_meta``'s, of snapshot ``sid``) as cold batches, one per row
+    group; rows the index already holds are skipped. The new batch ids, in lake order."""
+    done = 0
+    added: list[int] = []
+    for ref, rows, group_bytes, t in groups:
+        n = t.num_rows
+        keys = t.column("key").to_pylist()
+        _, _, found = s.index.lookup(keys)
+        done += n
+        if found.any():  # indexed by an earlier, interrupted attempt
+            keep = ~found
+            t, rows = t.filter(pa.array(keep)), rows[keep]
+            keys = [k for k, f in zip(keys, found.tolist()) if not f]
+        if keys:
+            meta = _meta(t, s)
+            bid = s.index.reserve_batch()
+            info = BatchInfo(batch_id=bid, tier="cold", rows=len(keys), files=[ref["path"]],
+                             nbytes=group_bytes * len(keys) // max(n, 1), snapshot=sid)
+            s.index.record_cold_batch(info, keys, meta, [ref], np.zeros(len(keys), np.int64), rows)
+            with s.lock:
+                s.batches[bid] = info
+                s.cold.admit(bid, info.rows, info.nbytes, [ref])
+                s.catalog.insert_meta(with_batch(meta, bid).select(s.catalog.meta_schema.names))
+            added.append(bid)
+        if progress is not None:
+            progress(done, total)
     return added

@@ -410,14 +410,17 @@ class Snapshots:
         s.index.put_setting(RESTORING, str(sid).encode())
         total = sum(int(f["rows"]) for f in manifest["files"])
         done = 0
-        if self.restore_mode != "eager":
-            def check() -> None:
-                if deadline is not None and time.monotonic() > deadline:
-                    raise overdue()
-            try:
-                self.resumed = resume.index_cold(s, lake, manifest, check, progress)
-            except (LakeError, CorruptionError) as e:  # nothing is served until it completes
-                raise self._interrupted(None, total, e) from e
+        if self.restore_mode != "eager":  # engine/resume: the metadata columns only, rows stay cold
+            groups = bounded_iter(resume.read_meta(lake, manifest, s.meta_columns), deadline, overdue,
+                                  name="lakebuffer-resume")
+            try:  # nothing is served until it completes; only what the lake raised is the lake's
+                self.resumed = resume.index_cold(s, resume.lake_side(groups), sid, total, progress)
+            except resume.LakeSide as e:
+                raise self._interrupted(None, total, e.error) from e.error
+            except CorruptionError as e:
+                raise self._local_damage(e) from e
+            finally:
+                groups.close()
             self._restored(sid, total)
             return
         # the deadline bounds every wait for the lake, also a read that stalls inside one batch
