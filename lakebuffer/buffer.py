@@ -452,6 +452,7 @@ class ReplayBuffer:
             return
         try:
             self._snapshots.stop_timer()
+            self._promotion.stop()  # queued warming is optional: the rows stay cold, close does not wait for it
             self.tasks.drain()
             if self.durability == "memory":
                 self.evict_all()
