@@ -214,9 +214,24 @@ class ReplayBuffer:
             self.restored_from = self.lake_url
             self.index.put_setting("restored_from", self.lake_url.encode())
         self._snapshots.refresh_cold()
-        if o.restore == "lazy" and self._snapshots.resumed:  # off the open's path, within the disk budget
-            self._promotion.warm(reversed(self._snapshots.resumed))
+        self._warm_resumed(o)
         self._snapshots.start_timer()
+
+    def _warm_resumed(self, o: BufferOptions) -> None:
+        """``restore="lazy"``: warm the resumed run's cold batches in the background, newest first, within
+        the disk budget; a ``warming`` mark carries an unfinished warm over to the next open."""
+        if o.restore != "lazy":
+            return
+        batches = list(self._snapshots.resumed)
+        if batches:
+            self.index.put_setting("warming", b"1")
+        elif self.index.get_setting("warming") is not None:  # a reopen: what is still cold
+            with self._state.lock:
+                batches = sorted(b for b, i in self._batches.items() if i.tier == "cold")
+            if not batches:
+                self.index.delete_setting("warming")
+        if batches:
+            self._promotion.warm(reversed(batches))
 
     def _shutdown_parts(self) -> None:
         """Release what a failed open had started (best effort; the first error is what matters)."""

@@ -110,3 +110,7 @@ def test_a_kill_during_the_background_warm_loses_nothing(tmp_path):
         pick = keys[::97]
         got = b.get(pick, columns=["response_ids"])
         assert [int(np.sum(v)) for v in got.column("response_ids").to_pylist()] == _expected(src, lake, pick)
+        end = time.monotonic() + 60  # the reopen carries on with the warm the kill cut short
+        while b.stats()["tiers"]["cold"]["rows"] and time.monotonic() < end:
+            time.sleep(0.05)
+        assert b.stats()["tiers"]["cold"]["rows"] == 0 and b.stats()["tiers"]["warm"]["rows"] == ROWS * VERSIONS
