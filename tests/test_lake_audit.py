@@ -81,8 +81,10 @@ def test_rows_only_the_lake_held_come_back_until_a_vacuum_then_are_reported_lost
                 buf.snapshot(wait=True)
         buf.snapshot(wait=True)
         assert buf.stats()["tiers"]["cold"]["rows"] > 40
-        cold_keys = pa.array(buf.sql("SELECT key FROM cold_rows ORDER BY key LIMIT 40").column("key").to_pylist())
-        local_keys = pa.array(buf.sql("SELECT key FROM warm ORDER BY key LIMIT 7").column("key").to_pylist())
+        cold_keys = pa.array(buf.sql("SELECT key FROM cold_rows ORDER BY key LIMIT 40").column("key").to_pylist(), pa.string())
+        local = "SELECT key FROM (SELECT key FROM hot UNION ALL SELECT key FROM warm) ORDER BY key LIMIT 7"
+        local_keys = pa.array(buf.sql(local).column("key").to_pylist(), pa.string())
+        assert len(local_keys) == 7
     _overwrite_without(lake, pa.concat_arrays([cold_keys.slice(0, 20), local_keys]))
 
     rep = fsck(path, lake=lake)

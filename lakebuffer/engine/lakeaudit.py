@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 from ..errors import CorruptionError, LakeBufferError
 from ..index import BatchInfo, KeyIndex
 from ..lake import Lake
+from ..lake.entries import entries_of
 from .reads import get, read_batch
 from .state import BufferState
 
@@ -77,8 +78,6 @@ def committed_keys(index: KeyIndex, batches: dict[int, BatchInfo]) -> tuple[pa.A
 
 def lake_keys(lake: Lake, run_id: str) -> pa.Array:
     """Every key of the run's live lake files (the key column only; pages checked by their CRCs)."""
-    from ..lake.table import entries_of
-
     entries = entries_of(lake.table(), run_id)
     if not entries:
         return pa.array([], pa.string())
@@ -185,8 +184,6 @@ class LakeAudit:
         if expected == 0:
             self._seen(version)
             return None
-        from ..lake.table import entries_of
-
         in_lake = sum(int(e["rows"] or 0) for e in entries_of(dt, s.run_id))
         shortfall = expected - self.totals["lost_rows"] - in_lake
         foreign = foreign_versions(lake, self.version, dt)

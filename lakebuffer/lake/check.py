@@ -16,8 +16,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import LakeBufferError
+from .checksums import stream_problem
+from .entries import entries_of
 from .layout import sha256_of
-from .reader import stream_problem
 
 if TYPE_CHECKING:
     from .table import Lake
@@ -40,8 +41,6 @@ def check_files(lake: Lake, run_id: str | None = None) -> dict[str, Any]:
     "unverifiable"}`` over
     the live files of the table (or of ``run_id``); ``unverifiable`` counts files without a sha256 in
     their names (decoded instead)."""
-    from .table import entries_of
-
     dt = lake.delta.table()
     out: dict[str, Any] = {"files": 0, "bytes": 0, "version": dt.version() if dt is not None else None,
                            "damaged": [], "unverifiable": 0}
