@@ -134,3 +134,8 @@ def query_error(e: Exception) -> LakeBufferError:
 
 class OptionError(LakeBufferError, ValueError):
     """An option or argument has a bad name or value (the message names it and what is allowed)."""
+
+
+class SamplerError(OptionError, TypeError):
+    """What was given as a sampler is not one: not a name, nor a class or object with
+    ``sample(catalog, n, where, rng)`` (the message says what it is and how to write one)."""
