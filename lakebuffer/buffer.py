@@ -294,6 +294,7 @@ class ReplayBuffer:
             raise TimeoutError(f"background work still queued after {timeout} s")
         self.tasks.check()
         self.index.flush()
+        self._catalog.warm_now()  # queued metadata inserts applied, views current: the next sample pays neither
 
     def evict_all(self) -> None:
         """Write every hot batch to the warm tier now (e.g. before a planned shutdown)."""

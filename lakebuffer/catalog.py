@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -70,6 +71,8 @@ def stream(sql: str, tables: dict[str, Any], batch_size: int, setup: list[str] =
 
 #: Queued metadata inserts / replay counts are applied in the background past these (see ``_maybe_flush``).
 _QUEUED_META_ROWS = 8192
+#: Writes quiet this long (seconds): the catalog applies queued inserts and re-registers its views (``warm_soon``).
+WARM_QUIET_S: float | None = 0.05
 _QUEUED_COUNT_ROWS = 262_144
 #: Replay events wait for a statement that reads ``replays`` or this many rows (then a background insert)
 _QUEUED_REPLAY_ROWS = 65_536
@@ -119,6 +122,13 @@ class Catalog:
         self._persist: Callable[[list[str], list[int]], None] | None = None
         self._on_flushed: Callable[[], None] = lambda: None
         self._flush_queued = False
+        self._warm_guard = threading.Lock()
+        self._warm_queued = False
+        self._last_write = 0.0
+        self._closed = False
+        self.warmed = 0  # warm-ups run (stats, tests)
+        #: rows given to insert_meta minus keys deleted: sizes the samplers' first guesses, no query needed
+        self.meta_rows_hint = 0
         self._persist_priorities: Callable[[list[str], list[float]], None] | None = None
         self.keeps_priorities = native_meta
         self.memory_bytes = 0  # what DuckDB holds (``meta`` above all), as of the last insert or delete
@@ -150,6 +160,11 @@ class Catalog:
                 self._register_sources(sources)
                 self._synced = state
 
+    def views_current(self) -> bool:
+        """True when the views match every tier's version (the next ``sync`` has nothing to do)."""
+        with self._tiers_lock:
+            return tuple(t.version for t in self._tiers) == self._synced
+
     def _register_sources(self, sources: dict[str, Any]) -> None:
         self.define_views(sources, [self.render("tier_views", cold_columns=self.columns_sql()), sql_text("rollouts_view")])
 
@@ -179,7 +194,47 @@ class Catalog:
         """
         with self.lock:
             self._pending.append(meta)
+            self.meta_rows_hint += meta.num_rows
         self._maybe_flush()
+        self.warm_soon()
+
+    def warm_soon(self) -> None:
+        """Once writes (pushes, write-backs) have been quiet for ``WARM_QUIET_S``, apply the queued
+        metadata inserts and re-register the tiers' views on the p1 worker, so the next statement
+        (the first ``sample`` after an ingest) finds both done instead of paying them (issue 26).
+        While writes keep coming it waits: a sync holds the engine lock that pushes take."""
+        if self._tasks is None or WARM_QUIET_S is None:
+            return
+        self._last_write = time.monotonic()
+        with self._warm_guard:
+            if self._warm_queued:
+                return
+            self._warm_queued = True
+        self._schedule_warm(WARM_QUIET_S)
+
+    def _schedule_warm(self, delay_s: float) -> None:
+        try:
+            self._tasks.submit_later(P1, self._warm, delay_s, name="catalog warm-up", surface=False)
+        except LakeBufferError:  # the queue is stopping (close): nothing left to warm for
+            with self._warm_guard:
+                self._warm_queued = False
+
+    def _warm(self) -> None:
+        quiet = time.monotonic() - self._last_write
+        if quiet < WARM_QUIET_S:  # written since it was queued: wait for the writes to stop
+            self._schedule_warm(WARM_QUIET_S - quiet)
+            return
+        with self._warm_guard:
+            self._warm_queued = False
+        self.warm_now()
+
+    def warm_now(self) -> None:
+        """Apply queued metadata inserts and re-register the views now (``flush()``, the warm-up)."""
+        if self._closed:
+            return
+        self.flush_inserts()
+        self.sync()
+        self.warmed += 1
 
     def _flush_pending(self) -> None:
         if not self._pending:
@@ -200,6 +255,7 @@ class Catalog:
     def delete_meta(self, keys: pa.Array) -> None:
         with self.lock:
             self._flush_pending()
+            self.meta_rows_hint = max(0, self.meta_rows_hint - len(keys))
             self.con.register("meta_gone", pa.table({"key": keys}))
             self.con.execute(sql_text("meta_delete"))
             if self.keeps_priorities:
@@ -457,5 +513,6 @@ class Catalog:
         return int(t.column(0)[0].as_py())
 
     def close(self) -> None:
+        self._closed = True
         with self.lock:
             self.con.close()

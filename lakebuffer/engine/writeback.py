@@ -188,3 +188,4 @@ class WriteBack:
                 s.hot.remove(b)
                 s.wal.remove(b)
             self.budget.space.notify_all()
+        s.catalog.warm_soon()  # the tiers moved: the views are re-registered once writes go quiet
