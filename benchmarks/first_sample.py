@@ -29,7 +29,7 @@ import lakebuffer as lb
 from lakebuffer import catalog
 from lakebuffer.bench import data
 
-WARM_QUIET_S = catalog.WARM_QUIET_S
+WARM_QUIET_S = getattr(catalog, "WARM_QUIET_S", None)  # None: code from before issue 26 (PYTHONPATH=/work/main)
 
 SHAPES = {"payload": data.PAYLOAD, "metadata": data.METADATA}
 
@@ -88,14 +88,16 @@ def main() -> None:
     ap.add_argument("--no-flush", action="store_true")
     ap.add_argument("--new-shape", action="store_true", help="no sample before the ingest: the first call also learns the where shape")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--only", choices=("warm", "off"), help="run only trials with the warm-up on / off")
     a = ap.parse_args()
     results = []
-    for i in range(2 * a.trials):
-        r = trial(a.mb, a.budget_mb, a.calls, not a.no_flush, a.profile, a.push_rows, a.shape, i % 2 == 0, a.new_shape)
+    modes = [True, False] if a.only is None else [a.only == "warm"]
+    for i in range(len(modes) * a.trials):
+        r = trial(a.mb, a.budget_mb, a.calls, not a.no_flush, a.profile, a.push_rows, a.shape, modes[i % len(modes)], a.new_shape)
         results.append(r)
         print(json.dumps(r), flush=True)
     summary = {}
-    for warm in (True, False):
+    for warm in modes:
         rs = [r for r in results if r["warm"] is warm]
         summary["warm_up" if warm else "before"] = {k: float(np.median([r[k] for r in rs]))
                                                     for k in ("first_ms", "steady_p50_ms", "steady_p99_ms", "first_over_p50")}

@@ -294,7 +294,7 @@ class ReplayBuffer:
             raise TimeoutError(f"background work still queued after {timeout} s")
         self.tasks.check()
         self.index.flush()
-        self._catalog.warm_now()  # queued metadata inserts applied, views current: the next sample pays neither
+        self._catalog.warm_now()  # queued metadata inserts applied: the next sample does not pay them
 
     def evict_all(self) -> None:
         """Write every hot batch to the warm tier now (e.g. before a planned shutdown)."""

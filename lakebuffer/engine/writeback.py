@@ -188,4 +188,4 @@ class WriteBack:
                 s.hot.remove(b)
                 s.wal.remove(b)
             self.budget.space.notify_all()
-        s.catalog.warm_soon()  # the tiers moved: the views are re-registered once writes go quiet
+        s.catalog.warm_soon()  # a write: the catalog's warm-up waits for the writes to stop
