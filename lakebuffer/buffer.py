@@ -31,6 +31,7 @@ from . import samplers as _samplers
 from .catalog import Catalog
 from .engine import deletes, priorities, reads
 from .engine.budget import Budget
+from .engine.deadline import bounded_call, deadline
 from .engine.dirlock import DirLock
 from .engine.diskbudget import DiskBudget
 from .engine.ingest import Ingest
@@ -42,7 +43,7 @@ from .engine.snapshots import RESTORING, Snapshots, lake_settings, open_lake
 from .engine.state import BufferState
 from .engine.tasks import TaskQueue
 from .engine.writeback import WriteBack
-from .errors import ClosedError, LakeError, SchemaError
+from .errors import ClosedError, LakeError, OptionError, SchemaError, StorageError
 from .index import KeyIndex
 from .options import BufferOptions
 from .results import Snapshot
@@ -123,7 +124,11 @@ class ReplayBuffer:
         """Use ``ReplayBuffer.open`` (it documents the options)."""
         self.options = options if options is not None else BufferOptions(**kwargs)
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StorageError(f"cannot use {self.path} as a buffer directory ({type(e).__name__}: {e}): pass "
+                               "a directory, or a path whose parent can hold one") from e
         self._dirlock = DirLock(self.path).acquire()
         self._closed = False
         try:
@@ -140,7 +145,8 @@ class ReplayBuffer:
         fresh = stored_run is None
         self.run_id = o.run_id or (stored_run.decode() if stored_run else self.path.resolve().name)
         if stored_run is not None and o.run_id and o.run_id != stored_run.decode():
-            raise ValueError(f"{self.path} holds run {stored_run.decode()!r}, not {o.run_id!r}")
+            raise OptionError(f"{self.path} holds run {stored_run.decode()!r}, not {o.run_id!r}: open it with "
+                              f"run_id={stored_run.decode()!r} (or None), or use another directory for run {o.run_id!r}")
         self.schema = self._resolve_schema(o.schema)
         self.key_prefix = o.key_prefix or self.run_id
         self.durability = o.durability
@@ -152,7 +158,10 @@ class ReplayBuffer:
         # a missing bucket fails here, clearly; a damaged lake leaves self.lake None (see open_lake)
         lake_opts = lake_settings(self.memory_limit_bytes, self.path)
         shutil.rmtree(lake_opts["spill_dir"], ignore_errors=True)
-        self.lake, lake_error = open_lake(self.lake_url, o.storage_options, **lake_opts)
+        # within lake_timeout_s: a stalled endpoint must not hold the open (and the directory) forever
+        self.lake, lake_error = bounded_call(lambda: open_lake(self.lake_url, o.storage_options, **lake_opts),
+                                             deadline(o.lake_timeout_s), lambda: self._lake_overdue(o.lake_timeout_s),
+                                             name="lakebuffer-open-lake")
         self.index.put_setting("lake", self.lake_url.encode())  # for fsck's repair from the lake (no secrets)
         self.meta_columns = metadata_columns(self.schema)
         # DuckDB gets half the budget (metadata table + query memory; the hot tier keeps the rest, see
@@ -208,6 +217,10 @@ class ReplayBuffer:
         self._snapshots.refresh_cold()
         self._snapshots.start_timer()
 
+    def _lake_overdue(self, timeout_s: float | None) -> LakeError:
+        return LakeError(f"cannot reach lake {self.lake_url}: no answer within lake_timeout_s={timeout_s} s "
+                         "while opening it; check the endpoint and network (or raise lake_timeout_s), then open again")
+
     def _shutdown_parts(self) -> None:
         """Release what a failed open had started (best effort; the first error is what matters)."""
         snapshots = getattr(self, "_snapshots", None)
@@ -215,11 +228,11 @@ class ReplayBuffer:
             with contextlib.suppress(Exception):
                 snapshots.release()
             snapshots.stop_timer()
-        for name in ("tasks", "_catalog", "index"):
+        for name, stop in (("tasks", "stop"), ("_catalog", "close"), ("index", "close"), ("hot", "clear")):
             part = getattr(self, name, None)
             if part is not None:
                 try:
-                    part.close()
+                    getattr(part, stop)()
                 except Exception:  # noqa: BLE001 - already failing; the first error is what matters
                     pass
 
@@ -327,19 +340,22 @@ class ReplayBuffer:
         ``return_info=True`` returns ``(rows, info)`` as TorchRL does: ``info["keys"]``, and for
         the ``priority`` sampler ``info["weights"]`` (importance weights, ``beta`` a sampler
         option) and ``info["probabilities"]``.
+        A ``delete`` in another thread waits for the sample (or the sample for it): the rows returned
+        exist when the sample runs, never half of a delete.
         """
         self._check()
         strategy = _samplers.resolve(sampler, **options)
         catalog = self._catalog
-        catalog.sync()
-        if strategy.needs_counts:
-            keys = _samplers.draw(strategy, catalog, n, where, seed)
-        else:
-            with catalog.counts_deferred():
+        with self._state.gate.shared():  # no delete between the selection and the fetch (engine/readgate)
+            catalog.sync()
+            if strategy.needs_counts:
                 keys = _samplers.draw(strategy, catalog, n, where, seed)
-        catalog.record_replays(keys)
-        self._replays.record(keys)
-        out = keys if return_keys else self.get(keys, columns)
+            else:
+                with catalog.counts_deferred():
+                    keys = _samplers.draw(strategy, catalog, n, where, seed)
+            catalog.record_replays(keys)
+            self._replays.record(keys)
+            out = keys if return_keys else self.get(keys, columns)
         if return_info:
             return out, strategy.info(catalog, keys, where)
         return out
@@ -457,8 +473,11 @@ class ReplayBuffer:
             self._closed = True
             try:
                 try:  # each part is closed even if another fails (a later error carries the earlier one)
+                    self._snapshots.stop_timer()
+                    self.tasks.stop()  # no-op after tasks.close(); after a failure above, the workers end here
                     self._catalog.close()
                 finally:
+                    self.hot.clear()
                     self.index.close()
             finally:
                 try:

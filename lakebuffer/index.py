@@ -186,6 +186,12 @@ class KeyIndex:
             self._next_seq += n_keys
             return seq
 
+    def advance_keys(self, seq: int) -> None:
+        """Never generate a key sequence number below ``seq`` (a sharded coordinator's floor: keys it
+        acknowledged before this shard lost its unsnapshotted rows are not reissued)."""
+        with self._lock:
+            self._next_seq = max(self._next_seq, int(seq))
+
     def reserve_batch(self) -> int:
         with self._lock:
             bid = self._next_batch

@@ -189,7 +189,8 @@ class Snapshots:
                     continue
                 self._pending = True
             try:
-                self.s.tasks.submit(P0, self._periodic, name="periodic snapshot", surface=False)
+                self.s.tasks.submit(P0, self._periodic, name="periodic snapshot", surface=False,
+                                        kind="snapshot")
             except Exception:  # noqa: BLE001 - the queue is closing
                 return
 
@@ -203,7 +204,8 @@ class Snapshots:
         finally:
             if again:
                 try:
-                    self.s.tasks.submit(P0, self._periodic, name="periodic snapshot", surface=False)
+                    self.s.tasks.submit(P0, self._periodic, name="periodic snapshot", surface=False,
+                                        kind="snapshot")
                 except Exception:  # noqa: BLE001 - the queue is closing
                     again = False
             if not again:
@@ -218,7 +220,8 @@ class Snapshots:
     # snapshot ------------------------------------------------------------------------------
     def submit(self, progress: Any = None):
         """Queue a snapshot (p0); the future holds its manifest or its error."""
-        return self.s.tasks.submit(P0, lambda: self.snapshot_now(progress), name="snapshot", surface=False)
+        return self.s.tasks.submit(P0, lambda: self.snapshot_now(progress), name="snapshot", surface=False,
+                                   kind="snapshot")
 
     def snapshot_now(self, progress: Any = None, steps: int | None = None) -> dict | None:
         """Commit what is new, in steps of bounded size (``steps=None``: until every batch stored
@@ -281,7 +284,16 @@ class Snapshots:
             pending = self._step(behind)
             tombstones = s.index.tombstones()
             next_seq = s.index.next_seq
-        more = len(pending) < len(behind)
+            s.uploading.update(pending)  # a delete meanwhile tombstones their rows (engine/deletes)
+        try:
+            return self._upload(progress, pending, tombstones, next_seq, len(pending) < len(behind), cancel)
+        finally:
+            with s.lock:
+                s.uploading.difference_update(pending)
+
+    def _upload(self, progress: Any, pending: list[int], tombstones: list, next_seq: int, more: bool,
+                cancel: threading.Event | None) -> tuple[dict | None, bool]:
+        s = self.s
         if not pending and not tombstones:
             return None, False
         lake = self._lake()
