@@ -95,15 +95,10 @@ def _parameterised(lake: str | None, run_dirs: dict | None, only_lag: bool = Fal
     return nb
 
 
-@pytest.fixture(scope="module")
-def executed(tmp_path_factory):
+def _execute(root: Path, cases: dict) -> dict:
     """The notebook executed headless (the kernel's own default backend, as in CI) under each parameter
     set, in one kernel (``%reset -f`` between runs): {name: (notebook, figure descriptions)}. With one
     run directory only the cell that reads ``RUN_DIRS`` runs (the others are the no-run-directory case's)."""
-    root = tmp_path_factory.mktemp("nb")
-    lake, dirs = _small_lake(root / "many")
-    cases = {"demo": (None, None, False), "many_runs_no_run_dirs": (lake, {}, False),
-             "many_runs_one_run_dir": (lake, dirs, True)}
     out = {}
     client = NotebookClient(nbformat.v4.new_notebook(), timeout=300, kernel_name="python3",
                             resources={"metadata": {"path": str(root)}})
@@ -121,6 +116,21 @@ def executed(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory):
+    """6 runs x 60 versions, without and with one run directory (make test: ~10 s)."""
+    root = tmp_path_factory.mktemp("nb")
+    lake, dirs = _small_lake(root / "many")
+    return _execute(root, {"many_runs_no_run_dirs": (lake, {}, False), "many_runs_one_run_dir": (lake, dirs, True)})
+
+
+@pytest.fixture(scope="module")
+def executed_demo(tmp_path_factory):
+    """``LAKE = None``: the notebook builds its own 3-run lake (slow: ~6 s more; CI's wheel check runs it too)."""
+    root = tmp_path_factory.mktemp("nb-demo")
+    return _execute(root, {"demo": (None, None, False)})
+
+
 def _outputs(nb) -> list:
     return [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
 
@@ -131,8 +141,6 @@ def test_cross_run_reuse_notebook_executes(executed):
         assert not [o for o in outputs if o.get("output_type") == "error"], name
         text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
         assert "rollouts" in text and (name == "many_runs_one_run_dir" or "prompt/run pairs" in text), name
-    demo_text = "".join(o.get("text", "") for o in _outputs(executed["demo"][0]) if o.get("output_type") == "stream")
-    assert "['run-a', 'run-b', 'run-c'] 4608 rollouts" in demo_text
     none_text = "".join(o.get("text", "") for o in _outputs(executed["many_runs_no_run_dirs"][0]) if "text" in o)
     assert "RUN_DIRS is empty" in none_text and f"{RUNS * VERSIONS * 16} rollouts" in none_text
 
@@ -150,8 +158,22 @@ def test_every_plot_cell_renders_an_image_when_executed_headless(executed):
 UNIT = re.compile(r"\(.+\)\s*$")
 
 
-@pytest.mark.parametrize("case", ["demo", "many_runs_no_run_dirs", "many_runs_one_run_dir"])
+@pytest.mark.slow
+def test_the_demo_notebook_executes_renders_and_titles_every_plot(executed_demo):
+    test_every_plot_cell_renders_an_image_when_executed_headless(executed_demo)
+    _check_figures(executed_demo, "demo")
+    nb, _ = executed_demo["demo"]
+    text = "".join(o.get("text", "") for o in _outputs(nb) if o.get("output_type") == "stream")
+    assert not [o for o in _outputs(nb) if o.get("output_type") == "error"]
+    assert "['run-a', 'run-b', 'run-c'] 4608 rollouts" in text and "prompt/run pairs" in text
+
+
+@pytest.mark.parametrize("case", ["many_runs_no_run_dirs", "many_runs_one_run_dir"])
 def test_every_figure_is_titled_labelled_with_units_and_readable(executed, case):
+    _check_figures(executed, case)
+
+
+def _check_figures(executed: dict, case: str) -> None:
     _, figures = executed[case]
     assert len(figures) == (1 if case == "many_runs_one_run_dir" else PLOTS)
     for fig in figures:
