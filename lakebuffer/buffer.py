@@ -39,7 +39,7 @@ from .engine.promotion import ColdPromotion
 from .engine.recovery import recover, refuse_damaged_index
 from .engine.replays import ReplayLog
 from .engine.retention import Retention
-from .engine.snapshots import RESTORING, Snapshots, lake_settings, open_lake
+from .engine.snapshots import PENDING, RESTORING, Snapshots, lake_settings, open_lake
 from .engine.state import BufferState
 from .engine.tasks import TaskQueue
 from .engine.writeback import WriteBack
@@ -87,12 +87,16 @@ class ReplayBuffer:
         disk_limit_gb: float | None = None,
         disk_free_floor_gb: float | None = None,
         promote_cold_reads: bool = False,
+        restore: str = "lazy",
     ) -> ReplayBuffer:
         """Open (creating or recovering) the buffer stored in directory ``path``.
 
         ``lake`` is the cold tier's fsspec URL (default ``<path>/lake``). An empty or missing ``path``
-        whose ``run_id`` has committed snapshots in ``lake`` is restored from the last one, eagerly
-        (every row written to the warm tier before ``open`` returns; ``progress(done, total)``).
+        whose ``run_id`` has committed snapshots in ``lake`` resumes from the last one (``progress(done,
+        total)``): ``restore="lazy"`` (default) indexes its rows as cold from the lake's metadata columns
+        (``sample``/``get`` served at once) and warms them in the background within ``disk_limit_gb``;
+        ``"cold"`` the same without warming; ``"eager"`` copies every row to the warm tier before ``open``
+        returns. While the lake cannot be read, such an open raises ``LakeError`` (never an empty run).
         Retention: past ``max_rows`` stored rows a push deletes the oldest, and rows more than
         ``max_policy_lag`` versions behind the newest are deleted (from every tier and the lake).
         A snapshot commits at most ``snapshot_max_rows`` rows / ``snapshot_max_bytes`` bytes; a backlog
@@ -187,11 +191,12 @@ class ReplayBuffer:
         self._snapshots = Snapshots(s, self.lake, self.lake_url, self._writeback.installer, o.snapshot_interval_s,
                                     lake_error=lake_error, storage_options=o.storage_options,
                                     max_rows=o.snapshot_max_rows, max_bytes=o.snapshot_max_bytes,
-                                    timeout_s=o.lake_timeout_s, lake_settings=lake_opts)
+                                    timeout_s=o.lake_timeout_s, lake_settings=lake_opts, restore=o.restore)
         s.cold = ColdTier(self._snapshots.current_lake, self.run_id, self.schema)
         self._disk = DiskBudget(s, s.cold, o.disk_limit_bytes, o.disk_free_floor_bytes,
                                 snapshot=self._snapshots.snapshot_now)
         self._snapshots.after_install = self._disk.relieve  # a restore stays within the disk budget
+        self._disk.snapshot_ahead = self._snapshots.submit  # past the high watermark: snapshot ahead
         self._promotion = ColdPromotion(s, self._disk, o.promote_cold_reads)
         s.on_cold_read = self._promotion.note
         self._ingest = Ingest(s, self._budget, self._writeback, key_prefix=self.key_prefix,
@@ -205,6 +210,9 @@ class ReplayBuffer:
                                     max_policy_lag=o.max_policy_lag)
         self._snapshots.claim(o.takeover)  # before anything reads or writes the run's lake side
         if fresh:  # only now: a directory refused above stays fresh (it restores when it opens)
+            # the resume is pending until the lake has been read: a refusal or a crash before then
+            # leaves the mark, and the next open checks the lake again instead of opening empty
+            self.index.put_setting(RESTORING, PENDING)
             self.index.put_setting("run_id", self.run_id.encode())
         recover(s, self._writeback)
         self._catalog.load_priorities(self.index.priorities())
@@ -215,11 +223,28 @@ class ReplayBuffer:
             self.restored_from = self.lake_url
             self.index.put_setting("restored_from", self.lake_url.encode())
         self._snapshots.refresh_cold()
+        self._warm_resumed(o)
         self._snapshots.start_timer()
 
     def _lake_overdue(self, timeout_s: float | None) -> LakeError:
         return LakeError(f"cannot reach lake {self.lake_url}: no answer within lake_timeout_s={timeout_s} s "
                          "while opening it; check the endpoint and network (or raise lake_timeout_s), then open again")
+
+    def _warm_resumed(self, o: BufferOptions) -> None:
+        """``restore="lazy"``: warm the resumed run's cold batches in the background, newest first, within
+        the disk budget; a ``warming`` mark carries an unfinished warm over to the next open."""
+        if o.restore != "lazy":
+            return
+        batches = list(self._snapshots.resumed)
+        if batches:
+            self.index.put_setting("warming", b"1")
+        elif self.index.get_setting("warming") is not None:  # a reopen: what is still cold
+            with self._state.lock:
+                batches = sorted(b for b, i in self._batches.items() if i.tier == "cold")
+            if not batches:
+                self.index.delete_setting("warming")
+        if batches:
+            self._promotion.warm(reversed(batches))
 
     def _shutdown_parts(self) -> None:
         """Release what a failed open had started (best effort; the first error is what matters)."""
@@ -459,6 +484,7 @@ class ReplayBuffer:
             return
         try:
             self._snapshots.stop_timer()
+            self._promotion.stop()  # queued warming is optional: the rows stay cold, close does not wait for it
             self.tasks.drain()
             if self.durability == "memory":
                 self.evict_all()

@@ -25,6 +25,7 @@ import pyarrow as pa
 from ..errors import CorruptionError, LakeError
 from ..lake import Lake
 from ..schema import conform_restored
+from . import resume
 from .deadline import bounded_call, bounded_iter
 from .reads import read_batch
 from .state import BufferState
@@ -34,6 +35,7 @@ from .writeback import FragmentInstaller
 log = logging.getLogger("lakebuffer")
 
 RESTORING = "restoring"  # index setting: the snapshot id of a restore not yet complete
+PENDING = b"pending"  # its value before a fresh directory has read the lake (which snapshot is unknown yet)
 
 _SNAPSHOT_THREAD: ThreadPoolExecutor | None = None
 _SNAPSHOT_THREAD_LOCK = threading.Lock()
@@ -100,8 +102,10 @@ class Snapshots:
                  interval_s: float | None, *, lake_error: CorruptionError | None = None,
                  storage_options: dict | None = None, max_rows: int | None = None,
                  max_bytes: int | None = None, timeout_s: float | None = None,
-                 lake_settings: dict[str, Any] | None = None) -> None:
+                 lake_settings: dict[str, Any] | None = None, restore: str = "eager") -> None:
         self.s = state
+        self.restore_mode = restore  # "eager": copy every row; "lazy"/"cold": index them as cold (engine/resume)
+        self.resumed: list[int] = []  # cold batches a lazy resume indexed (the buffer warms them)
         self.lake_settings = dict(lake_settings or {})
         self.lake = lake
         self.lake_url = lake_url
@@ -395,6 +399,8 @@ class Snapshots:
         marker = s.index.get_setting(RESTORING)
         if not fresh and marker is None:
             return
+        if marker == PENDING:  # a fresh directory that has not read the lake yet
+            marker, fresh = None, True
         deadline = time.monotonic() + self.timeout_s if self.timeout_s else None
         overdue = lambda: self._overdue("restore")  # noqa: E731
         try:
@@ -406,16 +412,29 @@ class Snapshots:
         except (LakeError, CorruptionError) as e:
             if marker is not None:
                 raise self._interrupted(None, None, e) from e
-            self._last["error"] = str(damaged_lake(self.lake_url, e) if isinstance(e, CorruptionError) else e)
-            log.warning("cannot check the lake for run %r to restore: %s", s.run_id, e)
-            return
+            raise self._unreadable(e) from e
         if manifest is None:
+            if s.index.get_setting(RESTORING) == PENDING:
+                s.index.delete_setting(RESTORING)  # the lake holds nothing of the run: a new run
             return
         sid = manifest["snapshot_id"]
         s.index.set_next_seq(int(manifest.get("meta", {}).get("next_seq", 0)))  # before any push
         s.index.put_setting(RESTORING, str(sid).encode())
         total = sum(int(f["rows"]) for f in manifest["files"])
         done = 0
+        if self.restore_mode != "eager":  # engine/resume: the metadata columns only, rows stay cold
+            groups = bounded_iter(resume.read_meta(lake, manifest, s.meta_columns), deadline, overdue,
+                                  name="lakebuffer-resume")
+            try:  # nothing is served until it completes; only what the lake raised is the lake's
+                self.resumed = resume.index_cold(s, resume.lake_side(groups), sid, total, progress)
+            except resume.LakeSide as e:
+                raise self._interrupted(None, total, e.error) from e.error
+            except CorruptionError as e:
+                raise self._local_damage(e) from e
+            finally:
+                groups.close()
+            self._restored(sid, total)
+            return
         # the deadline bounds every wait for the lake, also a read that stalls inside one batch
         stream = bounded_iter(lake.scan_batches(s.run_id, snapshot_id=sid), deadline, overdue,
                               name="lakebuffer-restore")
@@ -444,10 +463,15 @@ class Snapshots:
                     progress(done, total)
         finally:
             stream.close()
+        self._restored(sid, done)
+
+    def _restored(self, sid: int, rows: int) -> None:
+        s = self.s
         s.index.put_setting("last_snapshot", str(sid).encode())
         s.index.delete_setting(RESTORING)
         self._last.update(id=sid, at=None, error=None)
-        log.info("restored %d rollouts of run %r from %s (snapshot %s)", done, s.run_id, self.lake_url, sid)
+        log.info("restored %d rollouts of run %r from %s (snapshot %s, %s)", rows, s.run_id, self.lake_url, sid,
+                 self.restore_mode)
 
     def _interrupted(self, done: int | None, total: int | None, e: Exception) -> LakeError | CorruptionError:
         """The refusal of a restore the lake interrupted; a damaged lake file stays a ``CorruptionError``."""
@@ -458,6 +482,17 @@ class Snapshots:
             f"the restore of run {self.s.run_id!r} into {self.s.path} from {self.lake_url} was interrupted{where} "
             f"({e}); nothing is served until it completes: open the buffer again {when} "
             f"(the restore resumes where it stopped), or delete {self.s.path} to give it up")
+
+    def _unreadable(self, e: Exception) -> LakeError:
+        """The refusal of a fresh directory's resume while the lake cannot be read (issue 24): opening
+        empty would serve none of the run's rows and generate keys the lake already holds."""
+        what = "is damaged" if isinstance(e, CorruptionError) else "cannot be read"
+        return LakeError(
+            f"cannot resume run {self.s.run_id!r} into {self.s.path}: the lake {self.lake_url} {what} ({e}), so "
+            "which rows and keys the run already has is unknown. Nothing is served and no key is generated until "
+            "the lake reads: repair or restore its _delta_log from a copy (`lakebuffer fsck` names damaged files) "
+            f"or make it reachable, then open again (the directory stays a fresh resume); or open with another "
+            "run_id to start a new run")
 
     def _local_damage(self, e: CorruptionError) -> CorruptionError:
         """The refusal of a restore whose local side (the key index, the warm tier) is damaged: the
