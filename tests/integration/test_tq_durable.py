@@ -1,0 +1,142 @@
+"""What TransferQueue acknowledged on the LakeBuffer backend survives a SIGKILL of the whole job.
+
+A job (``tq_job.py``, its own process with its own Ray) makes kv puts with tags, tag-only
+updates, clears and a BatchMeta put, then it and every process of its Ray (controller, store actor,
+raylet, GCS) are killed with SIGKILL. A later ``tq.init`` with the same config, here, must give
+back every acknowledged key of every partition with its last tag, the values bit-exact, the
+cleared keys absent, nothing twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the TransferQueue backend needs torch (CPU wheel)")
+ray = pytest.importorskip("ray", reason="TransferQueue runs on Ray")
+tq = pytest.importorskip("transfer_queue", reason="transferqueue==0.1.11 is not installed")
+psutil = pytest.importorskip("psutil")
+
+from lakebuffer.integrations import tq_controller  # noqa: E402
+from lakebuffer.integrations import transferqueue as lbtq  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+import tq_job  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_transferqueue_internals_this_backend_relies_on():
+    """Fails loudly when a TransferQueue release moves what tq_controller journals and restores."""
+    tq_controller.check_internals()
+    import transfer_queue.interface as tqi
+
+    src = Path(tqi.__file__).read_text()
+    # tq.init reuses a controller of this name, and calls the backend's bootstrap hook after creating one
+    assert 'name="TransferQueueController", namespace="transfer_queue"' in src
+    assert src.index("TransferQueueController.options(") < src.index("_maybe_create_tq_storage(final_conf)")
+    import transfer_queue.client as tqc
+
+    put = Path(tqc.__file__).read_text()
+    # every put ends with set_custom_meta (the journaled call), tags or not
+    body = put[put.index("async def async_put("):put.index("async def async_get_data(")]
+    assert body.index("storage_manager.put_data(") < body.index("await self.async_set_custom_meta(metadata)")
+
+
+def _kill_job(proc: subprocess.Popen) -> list[int]:
+    """SIGKILL the job's driver and every process under it (its Ray: GCS, raylet, workers, actors)."""
+    root = psutil.Process(proc.pid)
+    procs = [root, *root.children(recursive=True)]
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=30)
+    proc.wait(timeout=30)
+    return [p.pid for p in procs]
+
+
+@pytest.fixture()
+def killed_job(tmp_path):
+    path = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.Popen([sys.executable, str(Path(tq_job.__file__)), str(path)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        line = ""
+        while not line.startswith("ACKED"):
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, "the job died before acknowledging its operations"
+            assert time.monotonic() < deadline, "the job did not finish its operations in time"
+        pids = json.loads(line.split(" ", 1)[1])
+        killed = _kill_job(proc)
+        assert set(pids) <= set(killed)  # the driver and the store actor went down with SIGKILL
+        assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+    finally:
+        if proc.poll() is None:
+            _kill_job(proc)
+    return path
+
+
+@pytest.mark.slow
+def test_everything_acknowledged_survives_sigkill_of_the_whole_job(killed_job):
+    from omegaconf import OmegaConf
+    from tensordict import TensorDict
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
+    cfg = tq_job.config(str(killed_job))
+    conf = OmegaConf.create({"backend": {"storage_backend": "LakeBuffer", "LakeBuffer": cfg}})
+    try:
+        tq.init(conf)
+        tags, status = tq_job.expected()
+        listed = tq.kv_list()
+        assert listed["rollouts"] == tags  # 190 keys, each with its last tag; cleared keys absent
+        assert listed["status"] == status  # tag-only keys, their second tag
+        keys = sorted(tags)
+        got = tq.kv_batch_get(keys=keys, partition_id="rollouts", select_fields=["input_ids", "logprobs", "score"])
+        for pos, key in enumerate(keys):
+            want = tq_job.sample(int(key[1:]))
+            assert torch.equal(got["input_ids"][pos], want["input_ids"]) and got["input_ids"].dtype == torch.int64
+            assert torch.equal(got["logprobs"][pos], want["logprobs"])
+            assert torch.equal(got["score"][pos].reshape(()), want["score"])
+        # the BatchMeta API: 4 of the 8 samples were cleared, 4 come back
+        client = tq.get_client()
+        meta = client.get_meta(data_fields=["prompts"], batch_size=4, partition_id="classic", mode="fetch",
+                               task_name="after-crash")
+        assert sorted(t[0].item() for t in client.get_data(meta)["prompts"].unbind()) == [0, 4, 8, 12]
+        # nothing twice: one stored row per live key, one journal state per live sample
+        rows = lbtq.sql("SELECT count(*) AS n, count(DISTINCT key) AS k FROM rollouts WHERE tq_partition = 'rollouts'",
+                        cfg).to_pylist()
+        assert rows == [{"n": len(tags), "k": len(tags)}]
+        keyed = lbtq.sql("SELECT tq_partition, count(*) AS n FROM tq_keys GROUP BY 1 ORDER BY 1", cfg).to_pylist()
+        assert keyed == [{"tq_partition": "classic", "n": 4}, {"tq_partition": "rollouts", "n": len(tags)},
+                         {"tq_partition": "status", "n": len(status)}]
+        # a new key after the restore gets a fresh index, not one a live key holds
+        tq.kv_put(key="new", partition_id="rollouts", fields=tq_job.sample(7), tag={"status": "new"})
+        assert len(tq.kv_list("rollouts")["rollouts"]) == len(tags) + 1
+        assert torch.equal(tq.kv_batch_get(keys=["k3"], partition_id="rollouts", select_fields="input_ids")["input_ids"][0],
+                           tq_job.sample(3)["input_ids"])
+
+        # tq.close() then tq.init() in one process: the store is reused, the new controller restored
+        tq.close()
+        tq.init(conf)
+        assert tq.kv_list("rollouts")["rollouts"]["new"] == {"status": "new"}
+        assert len(tq.kv_list("rollouts")["rollouts"]) == len(tags) + 1
+        td = TensorDict({"prompts": torch.zeros(2, 4, dtype=torch.int64)}, batch_size=2)
+        assert tq.get_client().put(data=td, partition_id="again").size == 2
+    finally:
+        tq.close()
+        lbtq.close_store(cfg)
+        if started:
+            ray.shutdown()

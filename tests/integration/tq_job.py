@@ -1,0 +1,78 @@
+"""A verl-V1-shaped TransferQueue job on the LakeBuffer backend, run as its own process by the tests.
+
+``python tq_job.py PATH`` starts Ray, ``tq.init``s the backend on PATH, makes the acknowledged
+operations of :func:`expected` (kv puts with tags, a BatchMeta put, tag-only updates, clears), prints
+``ACKED <pids>`` and waits to be killed: the test SIGKILLs this process and every process of its Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+N = 200  # kv_put calls, one key each
+L = 64  # tokens per sample
+RETAGGED = range(0, 40, 2)  # keys whose tag a tag-only kv_put changed afterwards
+CLEARED = range(100, 110)  # keys kv_clear removed
+TAG_ONLY = 5  # keys that only ever got a tag (no fields)
+
+
+def config(path: str) -> dict[str, Any]:
+    return {"path": path, "snapshot_interval_s": 0, "memory_limit_mb": 64}
+
+
+def sample(i: int) -> dict[str, Any]:
+    """The fields of key ``k<i>``: int64 token ids, float32 logprobs, a score (bit-exact checks)."""
+    import torch
+
+    g = torch.Generator().manual_seed(1000 + i)
+    return {"input_ids": torch.randint(0, 150_000, (L,), generator=g),
+            "logprobs": -torch.rand(L, generator=g), "score": torch.rand((), generator=g)}
+
+
+def expected() -> tuple[dict[str, dict], dict[str, dict]]:
+    """What must come back: {key: tag} of partition "rollouts" and of partition "status"."""
+    tags = {f"k{i}": {"status": "success", "global_steps": i // 16, "uid": f"u{i // 4}"} for i in range(N)}
+    for i in RETAGGED:  # TransferQueue merges a tag update into the key's tags
+        tags[f"k{i}"].update({"status": "consumed", "global_steps": 99})
+    for i in CLEARED:
+        del tags[f"k{i}"]
+    status = {f"t{i}": {"status": "running", "attempt": 2} for i in range(TAG_ONLY)}
+    return tags, status
+
+
+def run(path: str) -> None:
+    import ray
+    import torch
+    import transfer_queue as tq
+    from omegaconf import OmegaConf
+    from tensordict import TensorDict
+
+    import lakebuffer.integrations.transferqueue as lbtq
+
+    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
+    cfg = config(path)
+    tq.init(OmegaConf.create({"backend": {"storage_backend": "LakeBuffer", "LakeBuffer": cfg}}))
+    for i in range(N):
+        tq.kv_put(key=f"k{i}", partition_id="rollouts", fields=sample(i),
+                  tag={"status": "success", "global_steps": i // 16, "uid": f"u{i // 4}"})
+    for i in RETAGGED:  # tag-only updates: client -> controller, no storage call
+        tq.kv_put(key=f"k{i}", partition_id="rollouts", tag={"status": "consumed", "global_steps": 99})
+    tq.kv_clear(keys=[f"k{i}" for i in CLEARED], partition_id="rollouts")
+    for i in range(TAG_ONLY):
+        tq.kv_put(key=f"t{i}", partition_id="status", tag={"status": "running", "attempt": 1})
+        tq.kv_put(key=f"t{i}", partition_id="status", tag={"status": "running", "attempt": 2})
+    # the classic BatchMeta API: a put without keys or tags, then a clear of half of it
+    client = tq.get_client()
+    meta = client.put(data=TensorDict({"prompts": torch.arange(32).reshape(8, 4)}, batch_size=8), partition_id="classic")
+    client.clear_samples(meta.select_samples(list(range(4, 8))))
+    pids = [os.getpid(), ray.get(lbtq.store_handle(cfg).pid.remote())]
+    print("ACKED " + json.dumps(pids), flush=True)
+    time.sleep(3600)
+
+
+if __name__ == "__main__":
+    run(sys.argv[1])
