@@ -140,3 +140,60 @@ def test_everything_acknowledged_survives_sigkill_of_the_whole_job(killed_job):
         lbtq.close_store(cfg)
         if started:
             ray.shutdown()
+
+
+def _rows(keys, partition="p", start=0, **extra):
+    import pyarrow as pa
+
+    n = len(keys)
+    return pa.table({"key": keys, "prompt_id": ["x"] * n, "policy_version": [0] * n, "prompt_ids": [[1]] * n,
+                     "response_ids": [[2]] * n, "reward": [0.0] * n, "tq_partition": [partition] * n,
+                     "tq_index": list(range(start, start + n)), "tq_fields": [",f,"] * n, **extra})
+
+
+def test_a_new_field_opens_a_generation_and_every_generation_stays_readable(tmp_path):
+    """Fields appear with puts; a buffer's schema is fixed: generations, one per new field set."""
+    from lakebuffer.integrations.tq_store import StoreBody, ipc_bytes, read_ipc
+
+    store = StoreBody(str(tmp_path / "run"), {"snapshot_interval_s": 0}, None)
+    assert store.put(ipc_bytes(_rows(["a/0", "a/1"]))) == ""
+    store.add_fields({"ids": "list<int64>", "note": "json"})
+    assert store.add_fields({"ids": "list<int64>"}) and len(store.gens) == 2  # known already: no third
+    prefix = store.put(ipc_bytes(_rows(["b/0"], start=2, ids=[[2**40, 7]], note=['{"a": 1}'])))
+    assert prefix == "g1:"
+    got = read_ipc(store.get([(["a/1", "g1:b/0"], ["tq_index"]), (["g1:b/0"], ["ids", "note"])])[0])
+    assert got.column("tq_index").to_pylist() == [1, 2]
+    assert read_ipc(store.get([(["g1:b/0"], ["ids", "note"])])[0]).to_pylist() == [{"ids": [2**40, 7], "note": '{"a": 1}'}]
+    store.close()
+
+    store = StoreBody(str(tmp_path / "run"), {"snapshot_interval_s": 0}, None)  # reopened: both generations
+    assert len(store.gens) == 2 and store.count() == 3
+    assert read_ipc(store.sql("SELECT count(*) AS n, count(ids) AS with_ids FROM rollouts")).to_pylist() == [
+        {"n": 3, "with_ids": 1}]
+    assert store.delete("p", [0, 2]) == 2 and store.count() == 1
+    store.close()
+
+
+def test_the_journal_folds_to_the_live_samples_and_drops_superseded_records(tmp_path):
+    import pyarrow as pa
+
+    from lakebuffer.integrations.tq_controller import JOURNAL_SCHEMA
+    from lakebuffer.integrations.tq_journal import Journal
+
+    def records(*rows):
+        return pa.Table.from_pylist([{"tq_op": op, "tq_partition": p, "tq_index": i, "tq_key": k,
+                                      "tq_tags": tags, "tq_rows": "{}", "tq_schema": "{}"}
+                                     for op, p, i, k, tags in rows], schema=JOURNAL_SCHEMA)
+
+    j = Journal(str(tmp_path), {"snapshot_interval_s": 0}, "run")
+    j.append(records(("state", "a", 0, "k0", '{"s": 1}'), ("state", "a", 1, "k1", "{}"), ("state", "b", 2, "k2", "{}")))
+    j.append(records(("state", "a", 0, "k0", '{"s": 2}'), ("clear", "a", 1, None, "{}")))
+    j.append(records(("clear_partition", "b", -1, None, "{}"), ("state", "b", 3, "k3", "{}")))
+    live = {(r["tq_partition"], r["tq_key"]): r["tq_tags"] for r in j.state().to_pylist()}
+    assert live == {("a", "k0"): '{"s": 2}', ("b", "k3"): "{}"}
+    j.close()  # compacts: only the live records stay
+    j = Journal(str(tmp_path), {"snapshot_interval_s": 0}, "run")
+    assert j.buf.count() == 2 and {(r["tq_partition"], r["tq_key"]) for r in j.state().to_pylist()} == set(live)
+    j.append(records(("state", "a", 5, "k5", "{}")))
+    assert j.buf.sql("SELECT max(tq_seq) AS s FROM rollouts").column("s")[0].as_py() == 8  # numbering goes on (7 before)
+    j.close()
