@@ -64,11 +64,9 @@ def _kill_job(proc: subprocess.Popen) -> list[int]:
     return [p.pid for p in procs]
 
 
-@pytest.fixture()
-def killed_job(tmp_path):
-    path = tmp_path / "run"
+def _run_and_kill(path: Path, *mode: str) -> Path:
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.Popen([sys.executable, str(Path(tq_job.__file__)), str(path)], env=env,
+    proc = subprocess.Popen([sys.executable, str(Path(tq_job.__file__)), str(path), *mode], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         deadline = time.monotonic() + 240
@@ -85,6 +83,11 @@ def killed_job(tmp_path):
         if proc.poll() is None:
             _kill_job(proc)
     return path
+
+
+@pytest.fixture()
+def killed_job(tmp_path):
+    return _run_and_kill(tmp_path / "run")
 
 
 @pytest.mark.slow
@@ -197,3 +200,46 @@ def test_the_journal_folds_to_the_live_samples_and_drops_superseded_records(tmp_
     j.append(records(("state", "a", 5, "k5", "{}")))
     assert j.buf.sql("SELECT max(tq_seq) AS s FROM rollouts").column("s")[0].as_py() == 8  # numbering goes on (7 before)
     j.close()
+
+
+@pytest.mark.slow
+def test_verl_v1_replay_buffer_samples_the_same_groups_after_sigkill_between_produce_and_sample(tmp_path):
+    """verl 0.9.1's own V1 ReplayBuffer (async mode, DAPO filter on rm_scores) over the LakeBuffer
+    backend, after the producing job was SIGKILLed between produce and sample."""
+    from omegaconf import OmegaConf
+
+    rb = pytest.importorskip("verl.trainer.ppo.v1.replay_buffer", reason="verl 0.9.1 (--no-deps) is not installed")
+    path = _run_and_kill(tmp_path / "run", "verl")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
+    cfg = tq_job.config(str(path))
+    try:
+        tq.init(OmegaConf.create({"backend": {"storage_backend": "LakeBuffer", "LakeBuffer": cfg}}))
+        refills: list[int] = []
+        buffer = rb.ReplayBufferAsync("async", OmegaConf.create({}), max_off_policy_threshold=None,
+                                      max_off_policy_strategy="drop", sampler_kwargs=OmegaConf.create({}),
+                                      poll_interval=0.05, refill_fn=refills.append, filter_groups_metric="reward")
+        meta, metrics = buffer.sample(global_steps=2, partition_id="train", batch_size=4)
+        assert refills == [1]  # group u5 (one reward for all sessions) evicted by DAPO, one prompt refilled
+        # the oldest four finished groups (global_steps 1), each with its four trajectories and their tags
+        assert sorted(meta.keys) == sorted(f"u{g}_{s}_0" for g in range(4) for s in range(tq_job.N_SESSIONS))
+        got = tq.kv_batch_get(keys=meta.keys, partition_id="train",
+                              select_fields=["prompts", "responses", "rm_scores", "extra_fields"])
+        for pos, key in enumerate(meta.keys):
+            g, s, _ = (int(x) for x in key[1:].split("_"))
+            want = tq_job.trajectory(g, s)
+            assert meta.tags[pos]["global_steps"] == 1 and meta.tags[pos]["response_len"] == len(want["responses"])
+            for field in ("prompts", "responses", "rm_scores"):
+                assert torch.equal(got[field][pos], want[field])
+            assert got["extra_fields"][pos] == want["extra_fields"]
+        left = tq.kv_list("train")["train"]
+        assert left["u7"]["status"] == "running"  # in flight when the job died: still in flight
+        assert not any(k.startswith("u5") for k in left)  # the evicted group: prompt and trajectories cleared
+        assert "u0" not in left and "u0_0_0" in left  # a sampled group: its prompt key cleared (verl's own rule)
+        assert left["u4"]["status"] == "finished" and "u4_0_0" in left
+    finally:
+        tq.close()
+        lbtq.close_store(cfg)
+        if started:
+            ray.shutdown()

@@ -44,6 +44,60 @@ def expected() -> tuple[dict[str, dict], dict[str, dict]]:
     return tags, status
 
 
+GROUPS, N_SESSIONS, RESP = 8, 4, 6  # verl mode: GRPO prompts, sessions per prompt, max response tokens
+
+
+def trajectory(uid: int, session: int) -> dict[str, Any]:
+    """One verl V1 trajectory's fields (what the agent loop puts), deterministic for bit-exact checks."""
+    import torch
+
+    g = torch.Generator().manual_seed(10_000 + 10 * uid + session)
+    n = int(torch.randint(1, RESP + 1, (1,), generator=g))
+    rm = torch.zeros(RESP)
+    rm[n - 1] = 0.5 if uid == 5 else float(torch.rand((), generator=g))  # group 5: one reward for all (DAPO)
+    return {"prompts": torch.randint(0, 150_000, (4,), generator=g),
+            "responses": torch.randint(0, 150_000, (n,), generator=g), "rm_scores": rm,
+            "extra_fields": {"reward_extra_info": {"acc": float(rm.sum())}, "turns": session}}
+
+
+def run_verl(path: str) -> None:
+    """verl V1's producer side (trainer_base + agent_loop_tq): prompts pending -> running -> finished,
+    trajectories with tags; group 7 is still running when the job dies."""
+    import ray
+    import torch
+    import transfer_queue as tq
+    from omegaconf import OmegaConf
+    from tensordict import NonTensorStack, TensorDict
+
+    import lakebuffer.integrations.transferqueue as lbtq
+
+    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
+    cfg = config(path)
+    tq.init(OmegaConf.create({"backend": {"storage_backend": "LakeBuffer", "LakeBuffer": cfg}}))
+    uids = [f"u{i}" for i in range(GROUPS)]
+    batch = TensorDict({"raw_prompt": NonTensorStack(*[[{"role": "user", "content": f"q{i}"}] for i in range(GROUPS)]),
+                        "index": torch.arange(GROUPS), "uid": NonTensorStack(*uids)}, batch_size=GROUPS)
+    tq.kv_batch_put(keys=uids, partition_id="train", fields=batch,
+                    tags=[{"is_prompt": True, "status": "pending", "global_steps": 1 + i // 4} for i in range(GROUPS)])
+    for i, uid in enumerate(uids):
+        tq.kv_put(key=uid, partition_id="train", tag={"status": "running"})
+        if i == GROUPS - 1:
+            break
+        trajs = [trajectory(i, s) for s in range(N_SESSIONS)]
+        fields = TensorDict({
+            "prompts": torch.stack([t["prompts"] for t in trajs]),
+            "responses": torch.nested.nested_tensor([t["responses"] for t in trajs], layout=torch.jagged),
+            "rm_scores": torch.stack([t["rm_scores"] for t in trajs]),
+            "extra_fields": NonTensorStack(*[t["extra_fields"] for t in trajs])}, batch_size=N_SESSIONS)
+        tq.kv_batch_put(keys=[f"{uid}_{s}_0" for s in range(N_SESSIONS)], partition_id="train", fields=fields,
+                        tags=[{"status": "success", "global_steps": 1 + i // 4, "response_len": len(t["responses"])}
+                              for t in trajs])
+        tq.kv_put(key=uid, partition_id="train", tag={"status": "finished"})
+    pids = [os.getpid(), ray.get(lbtq.store_handle(cfg).pid.remote())]
+    print("ACKED " + json.dumps(pids), flush=True)
+    time.sleep(3600)
+
+
 def run(path: str) -> None:
     import ray
     import torch
@@ -75,4 +129,4 @@ def run(path: str) -> None:
 
 
 if __name__ == "__main__":
-    run(sys.argv[1])
+    (run_verl if sys.argv[2:] == ["verl"] else run)(sys.argv[1])
