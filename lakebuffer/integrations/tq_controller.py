@@ -42,7 +42,8 @@ JOURNAL_SCHEMA = pa.schema([
     pa.field("tq_key", pa.string()),  # the user's key (kv API); null for the BatchMeta API
     pa.field("tq_tags", pa.string()),  # the sample's custom_meta as JSON
     pa.field("tq_rows", pa.string()),  # JSON {field: row key}: where each field's value is stored
-    pa.field("tq_schema", pa.string()),  # JSON {field: [dtype, shape, is_nested, is_non_tensor]}
+    pa.field("tq_schema", pa.string()),  # JSON {field: [dtype, shape (null if nested), is_nested, is_non_tensor]}
+    pa.field("tq_shapes", pa.string()),  # JSON {field: this sample's shape} of its nested fields
 ])
 WRAPPED = ("set_custom_meta", "clear_meta", "clear_partition")
 _BEFORE = object()  # the phase marker: a record builder called before TransferQueue's method runs
@@ -175,24 +176,27 @@ def _partition_records(ctrl: Any, partition_id: str, clear_consumption: bool = T
 
 
 def _record(op: str, pid: str, gi: int, key: str | None = None, tags: str = "{}", rows: str = "{}",
-            schema: str = "{}") -> dict[str, Any]:
+            schema: str = "{}", shapes: str = "{}") -> dict[str, Any]:
     return {"tq_op": op, "tq_partition": pid, "tq_index": gi, "tq_key": key, "tq_tags": tags, "tq_rows": rows,
-            "tq_schema": schema}
+            "tq_schema": schema, "tq_shapes": shapes}
 
 
 def _state(part: Any, pid: str, gi: int) -> dict[str, Any]:
     """One sample as the controller holds it now: key, tags, fields with their schema and row keys."""
     rows = part.field_custom_backend_meta.get(gi, {})
-    schema = {}
+    schema, shapes = {}, {}
     for name, fm in part.field_metadata.items():
         if gi not in fm.global_indexes:
             continue
-        shape = fm.per_sample_shapes.get(gi) if fm.is_nested else fm.shape
+        if fm.is_nested:
+            shape = fm.per_sample_shapes.get(gi)
+            shapes[name] = None if shape is None else [int(d) for d in shape]
         schema[name] = [None if fm.dtype is None else str(fm.dtype),
-                        None if shape is None else [int(d) for d in shape], bool(fm.is_nested), bool(fm.is_non_tensor)]
+                        None if fm.is_nested or fm.shape is None else [int(d) for d in fm.shape],
+                        bool(fm.is_nested), bool(fm.is_non_tensor)]
     return _record("state", pid, gi, part.revert_keys_mapping.get(gi),
                    _json(part.custom_meta.get(gi, {})), json.dumps({f: rows[f] for f in schema if f in rows}),
-                   json.dumps(schema))
+                   json.dumps(schema, sort_keys=True), json.dumps(shapes))
 
 
 def _json(value: Any) -> str:
@@ -232,8 +236,14 @@ def restore(ctrl: Any, state: pa.Table) -> int:
     from transfer_queue.controller import DataPartitionStatus
 
     by_part: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for rec in state.select(["tq_partition", "tq_index", "tq_key", "tq_tags", "tq_rows", "tq_schema"]).to_pylist():
+    for rec in state.select(["tq_partition", "tq_index", "tq_key", "tq_tags", "tq_rows", "tq_schema",
+                             "tq_shapes"]).to_pylist():
         by_part[rec["tq_partition"]].append(rec)
+    signatures: dict[str, dict[str, Any]] = {}  # a field signature is parsed once, not once per sample
+    for text in set(state.column("tq_schema").to_pylist()):
+        signatures[text] = {f: {"dtype": _dtype(torch, dt), "shape": None if nested or non_tensor else torch.Size(shape),
+                                "is_nested": nested, "is_non_tensor": non_tensor}
+                            for f, (dt, shape, nested, non_tensor) in json.loads(text).items()}
     im = ctrl.index_manager
     for pid, recs in by_part.items():
         if ctrl._get_partition(pid) is None:  # not create_partition: it pre-allocates an index a live key may hold
@@ -244,30 +254,25 @@ def restore(ctrl: Any, state: pa.Table) -> int:
         part.global_indexes.update(idxs)
         im.partition_to_indexes[pid].update(idxs)
         im.allocated_indexes.update(idxs)
-        groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+        groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for r in recs:
             if r["tq_key"] is not None:
                 part.keys_mapping[r["tq_key"]] = r["tq_index"]
                 part.revert_keys_mapping[r["tq_index"]] = r["tq_key"]
-            schema = json.loads(r["tq_schema"])
-            r["schema"] = schema
-            groups[tuple(sorted((f, s[0], None if s[2] else tuple(s[1] or ()), s[2], s[3])
-                                for f, s in schema.items()))].append(r)
-        for sig, members in groups.items():
-            if not sig:
+            groups[r["tq_schema"]].append(r)
+        for text, members in groups.items():
+            field_schema = {f: dict(fs) for f, fs in signatures[text].items()}
+            if not field_schema:
                 continue
-            gis = [m["tq_index"] for m in members]
-            field_schema = {}
-            for f, dtype, shape, nested, non_tensor in sig:
-                fs: dict[str, Any] = {"dtype": _dtype(torch, dtype), "shape": None if nested else torch.Size(shape),
-                                      "is_nested": nested, "is_non_tensor": non_tensor}
-                if non_tensor:
-                    fs["shape"] = None
-                if nested:
-                    fs["per_sample_shapes"] = {m["tq_index"]: tuple(m["schema"][f][1]) for m in members}
-                field_schema[f] = fs
+            nested = [f for f, fs in field_schema.items() if fs["is_nested"]]
+            if nested:
+                shapes = [json.loads(m["tq_shapes"]) for m in members]
+                for f in nested:
+                    field_schema[f]["per_sample_shapes"] = {m["tq_index"]: tuple(sh[f]) for m, sh in
+                                                            zip(members, shapes, strict=True) if sh.get(f) is not None}
             rows = {m["tq_index"]: json.loads(m["tq_rows"]) for m in members}
-            if not part.update_production_status(gis, list(field_schema), field_schema, rows):
+            if not part.update_production_status([m["tq_index"] for m in members], list(field_schema), field_schema,
+                                                 rows):
                 raise JournalError(f"TransferQueue refused the restored fields of partition {pid!r}")
         part.set_custom_meta({r["tq_index"]: json.loads(r["tq_tags"]) for r in recs if r["tq_tags"] != "{}"})
     top = int(np.max(state.column("tq_index").to_numpy())) + 1

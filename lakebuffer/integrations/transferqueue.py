@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import time
 import uuid
@@ -61,6 +62,7 @@ except ImportError as e:  # pragma: no cover - depends on the install
         "(with torch, tensordict and ray)"
     ) from e
 
+log = logging.getLogger("lakebuffer")
 BACKEND = "LakeBuffer"
 CLIENT = "lakebuffer"
 NAMESPACE = "transfer_queue"
@@ -173,10 +175,13 @@ def _bootstrap(conf: Any) -> dict[str, Any]:
 
     cfg = _cfg(conf.backend[BACKEND])
     store = start_store(cfg)
+    t0 = time.perf_counter()
     controller = ray.get_actor(CONTROLLER, namespace=NAMESPACE)
     restored = tq_controller.install(controller, cfg.get("actor_name") or DEFAULT_ACTOR, NAMESPACE,
                                      ray.get(store.journal_state.remote()), float(cfg.get("retry_s", 120)))
-    return {"store": store, "restored": restored}
+    seconds = time.perf_counter() - t0
+    log.info("restored %d TransferQueue samples from the journal in %.2f s", restored, seconds)
+    return {"store": store, "restored": restored, "restore_s": seconds}
 
 
 # the client -----------------------------------------------------------------------------------

@@ -185,7 +185,7 @@ def test_the_journal_folds_to_the_live_samples_and_drops_superseded_records(tmp_
 
     def records(*rows):
         return pa.Table.from_pylist([{"tq_op": op, "tq_partition": p, "tq_index": i, "tq_key": k,
-                                      "tq_tags": tags, "tq_rows": "{}", "tq_schema": "{}"}
+                                      "tq_tags": tags, "tq_rows": "{}", "tq_schema": "{}", "tq_shapes": "{}"}
                                      for op, p, i, k, tags in rows], schema=JOURNAL_SCHEMA)
 
     j = Journal(str(tmp_path), {"snapshot_interval_s": 0}, "run")
