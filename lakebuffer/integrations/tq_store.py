@@ -62,11 +62,11 @@ class StoreBody:
         from ..buffer import ReplayBuffer
         from .tq_journal import Journal
 
-        self.path, self.open_kwargs = Path(path), dict(open_kwargs)
+        self.path_, self.open_kwargs = Path(path), dict(open_kwargs)
         self.gens = [ReplayBuffer.open(path, schema=store_schema(fields), **open_kwargs)]
         n = 1
-        while (self.path / f"{GEN_DIR}{n}").exists():
-            self.gens.append(ReplayBuffer.open(str(self.path / f"{GEN_DIR}{n}"), **self._gen_kwargs(n)))
+        while (self.path_ / f"{GEN_DIR}{n}").exists():
+            self.gens.append(ReplayBuffer.open(str(self.path_ / f"{GEN_DIR}{n}"), **self._gen_kwargs(n)))
             n += 1
         self.keys = Journal(path, open_kwargs, self.gens[0].run_id)  # the controller's journal (keys, tags, clears)
 
@@ -77,11 +77,14 @@ class StoreBody:
 
     def _gen_kwargs(self, n: int) -> dict[str, Any]:
         kw = {k: v for k, v in self.open_kwargs.items() if k != "run_id"}
-        kw.setdefault("lake", str(self.path / "lake"))
+        kw.setdefault("lake", str(self.path_ / "lake"))
         return {**kw, "run_id": f"{self.gens[0].run_id}.g{n}"}
 
     def schema(self) -> bytes:
         return self.buf.schema.serialize().to_pybytes()
+
+    def path(self) -> str:
+        return str(self.path_)
 
     def add_fields(self, fields: dict[str, str]) -> bytes:
         """Columns for TransferQueue fields no generation has yet (type text or ``json``): a new
@@ -94,7 +97,7 @@ class StoreBody:
             declared = [f for f in store_schema(missing) if f.name not in TQ_COLUMNS.names]
             n = len(self.gens)
             self.buf.evict_all()  # its rows leave RAM: only the newest generation takes puts
-            self.gens.append(ReplayBuffer.open(str(self.path / f"{GEN_DIR}{n}"), schema=pa.schema(extra + declared),
+            self.gens.append(ReplayBuffer.open(str(self.path_ / f"{GEN_DIR}{n}"), schema=pa.schema(extra + declared),
                                                **self._gen_kwargs(n)))
         return self.schema()
 

@@ -35,6 +35,7 @@ import os
 import time
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -108,8 +109,9 @@ def start_store(config: Any) -> Any:
     owned = _STARTED.get(name)
     if owned is not None:
         try:
-            ray.get(owned.pid.remote())
-            return owned  # keep the owning handle: a non-owning one would let Ray end the actor
+            if ray.get(owned.path.remote()) == str(Path(cfg["path"])):
+                return owned  # keep the owning handle: a non-owning one would let Ray end the actor
+            close_store(cfg)  # another path under the same actor name: this one is closed (its WAL is whole)
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
             _STARTED.pop(name, None)
     open_kwargs = {k: cfg[k] for k in _OPEN_OPTIONS if cfg.get(k) is not None}
@@ -126,6 +128,8 @@ def start_store(config: Any) -> Any:
 
 
 def _close_all() -> None:
+    if not ray.is_initialized():
+        return  # Ray is gone, and the actors with it (their WAL holds every acknowledged put)
     for name in list(_STARTED):
         try:
             close_store({"actor_name": name})
