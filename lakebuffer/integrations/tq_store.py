@@ -243,6 +243,7 @@ class StoreBody:
 
     def snapshot(self) -> int:
         rows = 0
+        self.keys.drain()  # the journal's log into its buffer, so the lake gets every key and tag
         for g in [*self.gens, self.keys.buf]:
             snap = g.snapshot(wait=True)
             rows += snap.rows if snap is not None and g is not self.keys.buf else 0
