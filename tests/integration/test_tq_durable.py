@@ -250,3 +250,20 @@ def test_verl_v1_replay_buffer_samples_the_same_groups_after_sigkill_between_pro
         lbtq.close_store(cfg)
         if started:
             ray.shutdown()
+
+
+@pytest.mark.slow
+def test_the_store_ends_with_the_job_closed(tmp_path):
+    """No tq.close(), no close_store(): when the job's driver exits, the store closes with it (the
+    journal's log drained into its buffer, the directory lock released)."""
+    path = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    out = subprocess.run([sys.executable, str(Path(tq_job.__file__)), str(path), "exit"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "ACKED" in out.stdout, out.stderr[-2000:]
+    assert (path / "tq-keys.log").stat().st_size == 0  # closed at exit: the log went into the journal buffer
+    from lakebuffer.integrations.tq_journal import Journal
+
+    j = Journal(str(path), {"snapshot_interval_s": 0}, "run")  # opens: nobody holds the directory any more
+    assert sorted(r["tq_key"] for r in j.state().to_pylist()) == [f"k{i}" for i in range(5)]
+    j.close()

@@ -128,5 +128,20 @@ def run(path: str) -> None:
     time.sleep(3600)
 
 
+def run_and_exit(path: str) -> None:
+    """A job that ends normally without tq.close() or close_store(): the store must end with it, closed."""
+    import ray
+    import transfer_queue as tq
+    from omegaconf import OmegaConf
+
+    import lakebuffer.integrations.transferqueue  # noqa: F401  registers the backend
+
+    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
+    tq.init(OmegaConf.create({"backend": {"storage_backend": "LakeBuffer", "LakeBuffer": config(path)}}))
+    for i in range(5):
+        tq.kv_put(key=f"k{i}", partition_id="rollouts", fields=sample(i), tag={"status": "success"})
+    print("ACKED []", flush=True)
+
+
 if __name__ == "__main__":
-    (run_verl if sys.argv[2:] == ["verl"] else run)(sys.argv[1])
+    {"verl": run_verl, "exit": run_and_exit}.get(sys.argv[2] if sys.argv[2:] else "", run)(sys.argv[1])
