@@ -44,8 +44,9 @@ JOURNAL_SCHEMA = pa.schema([
     pa.field("tq_rows", pa.string()),  # JSON {field: row key}: where each field's value is stored
     pa.field("tq_schema", pa.string()),  # JSON {field: [dtype, shape (null if nested), is_nested, is_non_tensor]}
     pa.field("tq_shapes", pa.string()),  # JSON {field: this sample's shape} of its nested fields
+    pa.field("tq_consumed", pa.string()),  # JSON [task, ...]: the get_meta tasks that consumed the sample
 ])
-WRAPPED = ("set_custom_meta", "clear_meta", "clear_partition")
+WRAPPED = ("set_custom_meta", "clear_meta", "clear_partition", "get_metadata", "reset_consumption")
 _BEFORE = object()  # the phase marker: a record builder called before TransferQueue's method runs
 
 
@@ -76,17 +77,22 @@ def check_internals() -> None:
     problems += [f"TransferQueueController.{a}" for a in ("self.partitions", "self.index_manager") if a not in init_src]
     want = {"set_custom_meta": ["self", "partition_custom_meta"],
             "clear_meta": ["self", "global_indexes", "partition_ids", "clear_consumption"],
-            "clear_partition": ["self", "partition_id", "clear_consumption"]}
+            "clear_partition": ["self", "partition_id", "clear_consumption"],
+            "get_metadata": ["self", "data_fields", "partition_id", "mode", "task_name", "batch_size",
+                             "sampling_config", "args", "kwargs"],
+            "reset_consumption": ["self", "partition_id", "task_name"]}
     for name, params in want.items():
         fn = getattr(ctrl_cls, name, None)
         if fn is not None and [p for p in inspect.signature(fn).parameters if not p.startswith("_ray")] != params:
             problems.append(f"TransferQueueController.{name}{inspect.signature(fn)}")
     part_fields = {f.name for f in c.DataPartitionStatus.__dataclass_fields__.values()}
     problems += [f"DataPartitionStatus.{a}" for a in ("global_indexes", "field_metadata", "field_custom_backend_meta",
-                                                      "custom_meta", "keys_mapping", "revert_keys_mapping")
+                                                      "custom_meta", "keys_mapping", "revert_keys_mapping",
+                                                      "consumption_status")
                  if a not in part_fields]
     problems += [f"DataPartitionStatus.{m}()" for m in ("update_production_status", "ensure_samples_capacity",
-                                                        "set_custom_meta") if not hasattr(c.DataPartitionStatus, m)]
+                                                        "set_custom_meta", "mark_consumed")
+                 if not hasattr(c.DataPartitionStatus, m)]
     fm_fields = {f.name for f in c.FieldMeta.__dataclass_fields__.values()}
     problems += [f"FieldMeta.{a}" for a in ("global_indexes", "dtype", "shape", "is_nested", "is_non_tensor",
                                             "per_sample_shapes") if a not in fm_fields]
@@ -140,7 +146,8 @@ def _install(ctrl: Any, store_name: str, namespace: str, journal: bytes, retry_s
         return wrapper
 
     for name, records_of in (("set_custom_meta", _tag_records), ("clear_meta", _clear_records),
-                             ("clear_partition", _partition_records)):
+                             ("clear_partition", _partition_records), ("get_metadata", _consume_records),
+                             ("reset_consumption", _reset_records)):
         setattr(ctrl, name, after(getattr(ctrl, name), records_of))
     ctrl._lakebuffer_journal = store_name
     return restored
@@ -175,10 +182,35 @@ def _partition_records(ctrl: Any, partition_id: str, clear_consumption: bool = T
     return [_record("clear_partition", partition_id, -1)] if _before else []
 
 
+def _consume_records(ctrl: Any, partition_id: str, mode: str = "fetch", task_name: str | None = None,
+                     _before: Any = None, **_: Any) -> Any:
+    """get_meta in fetch mode marks what it hands out consumed by the task: journal the newly consumed."""
+    part = ctrl._get_partition(partition_id)
+    if mode != "fetch" or task_name is None or part is None:
+        return None if _before is _BEFORE else []
+    now = part.consumption_status.get(task_name)
+    if _before is _BEFORE:
+        return None if now is None else now.clone()
+    if now is None:
+        return []
+    was = np.zeros(len(now), dtype=bool)
+    if _before is not None:
+        was[:len(_before)] = _before.numpy()[:len(now)] == 1
+    newly = np.flatnonzero((now.numpy() == 1) & ~was)
+    return [_state(part, partition_id, int(gi)) for gi in newly if int(gi) in part.global_indexes]
+
+
+def _reset_records(ctrl: Any, partition_id: str, task_name: str | None = None, _before: Any = None) -> Any:
+    if _before is _BEFORE:
+        return None
+    part = ctrl._get_partition(partition_id)
+    return [] if part is None else [_state(part, partition_id, int(gi)) for gi in sorted(part.global_indexes)]
+
+
 def _record(op: str, pid: str, gi: int, key: str | None = None, tags: str = "{}", rows: str = "{}",
-            schema: str = "{}", shapes: str = "{}") -> dict[str, Any]:
+            schema: str = "{}", shapes: str = "{}", consumed: str = "[]") -> dict[str, Any]:
     return {"tq_op": op, "tq_partition": pid, "tq_index": gi, "tq_key": key, "tq_tags": tags, "tq_rows": rows,
-            "tq_schema": schema, "tq_shapes": shapes}
+            "tq_schema": schema, "tq_shapes": shapes, "tq_consumed": consumed}
 
 
 def _state(part: Any, pid: str, gi: int) -> dict[str, Any]:
@@ -196,7 +228,8 @@ def _state(part: Any, pid: str, gi: int) -> dict[str, Any]:
                         bool(fm.is_nested), bool(fm.is_non_tensor)]
     return _record("state", pid, gi, part.revert_keys_mapping.get(gi),
                    _json(part.custom_meta.get(gi, {})), json.dumps({f: rows[f] for f in schema if f in rows}),
-                   json.dumps(schema, sort_keys=True), json.dumps(shapes))
+                   json.dumps(schema, sort_keys=True), json.dumps(shapes),
+                   json.dumps([task for task, t in part.consumption_status.items() if gi < len(t) and int(t[gi]) == 1]))
 
 
 def _json(value: Any) -> str:
@@ -237,7 +270,7 @@ def restore(ctrl: Any, state: pa.Table) -> int:
 
     by_part: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for rec in state.select(["tq_partition", "tq_index", "tq_key", "tq_tags", "tq_rows", "tq_schema",
-                             "tq_shapes"]).to_pylist():
+                             "tq_shapes", "tq_consumed"]).to_pylist():
         by_part[rec["tq_partition"]].append(rec)
     signatures: dict[str, dict[str, Any]] = {}  # a field signature is parsed once, not once per sample
     for text in set(state.column("tq_schema").to_pylist()):
@@ -275,6 +308,13 @@ def restore(ctrl: Any, state: pa.Table) -> int:
                                                  rows):
                 raise JournalError(f"TransferQueue refused the restored fields of partition {pid!r}")
         part.set_custom_meta({r["tq_index"]: json.loads(r["tq_tags"]) for r in recs if r["tq_tags"] != "{}"})
+        consumed: dict[str, list[int]] = defaultdict(list)
+        for r in recs:
+            if r["tq_consumed"] not in (None, "[]"):
+                for task in json.loads(r["tq_consumed"]):
+                    consumed[task].append(r["tq_index"])
+        for task, gis in consumed.items():
+            part.mark_consumed(task, gis)
     top = int(np.max(state.column("tq_index").to_numpy())) + 1
     im.global_index_counter = max(im.global_index_counter, top)
     im.reusable_indexes = [i for i in range(im.global_index_counter) if i not in im.allocated_indexes]

@@ -118,6 +118,10 @@ def test_everything_acknowledged_survives_sigkill_of_the_whole_job(killed_job):
         meta = client.get_meta(data_fields=["prompts"], batch_size=4, partition_id="classic", mode="fetch",
                                task_name="after-crash")
         assert sorted(t[0].item() for t in client.get_data(meta)["prompts"].unbind()) == [0, 4, 8, 12]
+        # what get_meta consumed stays consumed: task "train" took the first two before the crash
+        meta = client.get_meta(data_fields=["prompts"], batch_size=2, partition_id="classic", mode="fetch",
+                               task_name="train")
+        assert sorted(t[0].item() for t in client.get_data(meta)["prompts"].unbind()) == [8, 12]
         # nothing twice: one stored row per live key, one journal state per live sample
         rows = lbtq.sql("SELECT count(*) AS n, count(DISTINCT key) AS k FROM rollouts WHERE tq_partition = 'rollouts'",
                         cfg).to_pylist()

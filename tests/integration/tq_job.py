@@ -123,6 +123,8 @@ def run(path: str) -> None:
     client = tq.get_client()
     meta = client.put(data=TensorDict({"prompts": torch.arange(32).reshape(8, 4)}, batch_size=8), partition_id="classic")
     client.clear_samples(meta.select_samples(list(range(4, 8))))
+    got = client.get_meta(data_fields=["prompts"], batch_size=2, partition_id="classic", mode="fetch", task_name="train")
+    assert got.size == 2  # task "train" consumed two of the four left
     pids = [os.getpid(), ray.get(lbtq.store_handle(cfg).pid.remote())]
     print("ACKED " + json.dumps(pids), flush=True)
     time.sleep(3600)
