@@ -46,7 +46,7 @@ JOURNAL_SCHEMA = pa.schema([
     pa.field("tq_shapes", pa.string()),  # JSON {field: this sample's shape} of its nested fields
     pa.field("tq_consumed", pa.string()),  # JSON [task, ...]: the get_meta tasks that consumed the sample
 ])
-WRAPPED = ("set_custom_meta", "clear_meta", "clear_partition", "get_metadata", "reset_consumption")
+WRAPPED = ("set_custom_meta", "clear_meta", "clear_partition", "get_metadata", "reset_consumption", "load_checkpoint")
 _BEFORE = object()  # the phase marker: a record builder called before TransferQueue's method runs
 
 
@@ -80,7 +80,8 @@ def check_internals() -> None:
             "clear_partition": ["self", "partition_id", "clear_consumption"],
             "get_metadata": ["self", "data_fields", "partition_id", "mode", "task_name", "batch_size",
                              "sampling_config", "args", "kwargs"],
-            "reset_consumption": ["self", "partition_id", "task_name"]}
+            "reset_consumption": ["self", "partition_id", "task_name"],
+            "load_checkpoint": ["self", "path"]}
     for name, params in want.items():
         fn = getattr(ctrl_cls, name, None)
         if fn is not None and [p for p in inspect.signature(fn).parameters if not p.startswith("_ray")] != params:
@@ -147,7 +148,7 @@ def _install(ctrl: Any, store_name: str, namespace: str, journal: bytes, retry_s
 
     for name, records_of in (("set_custom_meta", _tag_records), ("clear_meta", _clear_records),
                              ("clear_partition", _partition_records), ("get_metadata", _consume_records),
-                             ("reset_consumption", _reset_records)):
+                             ("reset_consumption", _reset_records), ("load_checkpoint", _load_records)):
         setattr(ctrl, name, after(getattr(ctrl, name), records_of))
     ctrl._lakebuffer_journal = store_name
     return restored
@@ -205,6 +206,17 @@ def _reset_records(ctrl: Any, partition_id: str, task_name: str | None = None, _
         return None
     part = ctrl._get_partition(partition_id)
     return [] if part is None else [_state(part, partition_id, int(gi)) for gi in sorted(part.global_indexes)]
+
+
+def _load_records(ctrl: Any, path: str, _before: Any = None) -> Any:
+    """tq.load_checkpoint replaces the controller's state: the journal says so (every partition cleared,
+    then every sample as loaded), so a later restore gives back the loaded state, not the one before."""
+    if _before is _BEFORE:
+        return set(ctrl.partitions)
+    out = [_record("clear_partition", pid, -1) for pid in sorted(_before | set(ctrl.partitions))]
+    for pid, part in ctrl.partitions.items():
+        out += [_state(part, pid, int(gi)) for gi in sorted(part.global_indexes)]
+    return out
 
 
 def _record(op: str, pid: str, gi: int, key: str | None = None, tags: str = "{}", rows: str = "{}",

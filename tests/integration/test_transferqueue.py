@@ -247,7 +247,10 @@ def test_tq_checkpoint_brings_back_rows_cleared_since(tq_system, tmp_path):
     meta, _ = fetch(client, "ckpt", ["prompts"])
     client.clear_samples(meta)  # trained on and cleared after the checkpoint...
     assert store.sql("SELECT count(*) AS n FROM rollouts WHERE tq_partition = 'ckpt'").column("n")[0].as_py() == 0
+    keyed = "SELECT count(*) AS n FROM tq_keys WHERE tq_partition = 'ckpt'"
+    assert store.sql(keyed).column("n")[0].as_py() == 0  # the journal knows they were cleared
     tq.load_checkpoint(tmp_path / "tq")  # ...then the run resumes from it
+    assert store.sql(keyed).column("n")[0].as_py() == B  # and that the checkpoint brought them back
     _, got = fetch(client, "ckpt", ALL)
     assert_same(got, prompts, generation)
 
