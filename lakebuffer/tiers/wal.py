@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Iterable
 from pathlib import Path
 
 import pyarrow as pa
@@ -46,12 +47,19 @@ class WriteAheadLog:
     def _segment(self, batch_id: int) -> Path:
         return self.path / f"{batch_id:016d}.arrow"
 
-    def write(self, batch_id: int, table: pa.Table) -> None:
+    def write(self, batch_id: int, table: pa.Table | Iterable[pa.RecordBatch], schema: pa.Schema | None = None) -> None:
+        """Write a segment from a table, or from record batches of ``schema`` (streamed: one in memory)."""
         final = self._segment(batch_id)
         tmp = final.with_suffix(".arrow.tmp")
         with pa.OSFile(str(tmp), "wb") as f:  # native writes: no Python bytes copies per buffer
-            with pa.ipc.new_file(f, table.schema) as w:
-                w.write_table(table)
+            if isinstance(table, pa.Table):
+                with pa.ipc.new_file(f, table.schema) as w:
+                    w.write_table(table)
+            else:
+                assert schema is not None
+                with pa.ipc.new_file(f, schema) as w:
+                    for b in table:
+                        w.write_batch(b)
         crc = crc32c_file(tmp)  # read back from the page cache: no second copy of the batch in RAM
         with open(tmp, "ab") as f:
             f.write(_FOOTER.pack(crc, _MAGIC))
@@ -69,8 +77,8 @@ class WriteAheadLog:
 
     def read_path(self, seg: Path) -> pa.Table:
         """Read and check one segment file (also one moved aside into quarantine)."""
-        try:
-            with pa.memory_map(str(seg)) as src:
+        try:  # read, not mapped: a segment another program truncates is an error here, not SIGBUS
+            with pa.OSFile(str(seg)) as src:
                 buf = src.read_buffer()
         except OSError as e:
             raise CorruptionError(f"WAL segment {seg} is missing ({e}); {repair_hint(self.path.parent)}") from e
