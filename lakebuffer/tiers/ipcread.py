@@ -211,7 +211,7 @@ def read_layout(fd: int, ipc_end: int) -> Layout:
 
 # --- ranged reads --------------------------------------------------------------------------------
 @dataclass
-class _Runs:
+class Runs:
     """Element ranges [start, end) of one field, each in node ``node[i]`` read through ``fd[i]``."""
 
     fd: list[int]
@@ -225,7 +225,7 @@ def _read_into(fd: int, dst: memoryview, off: int) -> None:
         raise LayoutError(f"file ends before byte {off + len(dst)}")
 
 
-def _gather_bytes(runs: _Runs, buf: int, width: int) -> pa.Buffer:
+def _gather_bytes(runs: Runs, buf: int, width: int) -> pa.Buffer:
     """Bytes [start*width, end*width) of buffer ``buf`` of each run, concatenated."""
     n = (runs.end - runs.start) * width
     out = bytearray(int(n.sum()))
@@ -240,7 +240,7 @@ def _gather_bytes(runs: _Runs, buf: int, width: int) -> pa.Buffer:
     return pa.py_buffer(out)
 
 
-def _gather_bits(runs: _Runs, buf: int, when_nulls: bool) -> pa.Buffer | None:
+def _gather_bits(runs: Runs, buf: int, when_nulls: bool) -> pa.Buffer | None:
     """Bits [start, end) of bitmap ``buf`` of each run, repacked from bit 0; None when no run has nulls."""
     if when_nulls and not any(n.nulls for n in runs.node):
         return None
@@ -259,10 +259,10 @@ def _gather_bits(runs: _Runs, buf: int, when_nulls: bool) -> pa.Buffer | None:
     return pa.py_buffer(np.packbits(bits, bitorder="little").tobytes())
 
 
-def _offsets(runs: _Runs, buf: int, dtype: type) -> tuple[pa.Buffer, _Runs]:
+def _offsets(runs: Runs, buf: int, dtype: type) -> tuple[pa.Buffer, Runs]:
     """The runs' offsets rebased from 0, and the child element runs they point at."""
     width = np.dtype(dtype).itemsize
-    raw = _gather_bytes(_Runs(runs.fd, runs.node, runs.start, runs.end + 1), buf, width)
+    raw = _gather_bytes(Runs(runs.fd, runs.node, runs.start, runs.end + 1), buf, width)
     offs = np.frombuffer(raw, dtype).astype(np.int64)
     counts = (runs.end - runs.start + 1)
     firsts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
@@ -278,11 +278,11 @@ def _offsets(runs: _Runs, buf: int, dtype: type) -> tuple[pa.Buffer, _Runs]:
     keep[lasts[:-1]] = False
     out = np.zeros(int(keep.sum()) + 1, np.int64)
     np.cumsum(lens[keep], out=out[1:])
-    return pa.py_buffer(out.astype(dtype).tobytes()), _Runs(runs.fd, [n.children[0] if n.children else n for n in runs.node],
+    return pa.py_buffer(out.astype(dtype).tobytes()), Runs(runs.fd, [n.children[0] if n.children else n for n in runs.node],
                                                              cstart, cend)
 
 
-def read_runs(t: pa.DataType, runs: _Runs) -> pa.Array:
+def read_runs(t: pa.DataType, runs: Runs) -> pa.Array:
     """The elements of every run, concatenated, as one array of type ``t``."""
     kind = _kind(t)
     length = int((runs.end - runs.start).sum())
@@ -299,17 +299,17 @@ def read_runs(t: pa.DataType, runs: _Runs) -> pa.Array:
         return pa.Array.from_buffers(t, length, [validity, offs], children=[read_runs(t.value_type, child)])
     if kind == "fixed_list":
         k = t.list_size
-        child = _Runs(runs.fd, [n.children[0] for n in runs.node], runs.start * k, runs.end * k)
+        child = Runs(runs.fd, [n.children[0] for n in runs.node], runs.start * k, runs.end * k)
         return pa.Array.from_buffers(t, length, [validity], children=[read_runs(t.value_type, child)])
     if kind == "struct":
-        kids = [read_runs(t.field(i).type, _Runs(runs.fd, [n.children[i] for n in runs.node], runs.start, runs.end))
+        kids = [read_runs(t.field(i).type, Runs(runs.fd, [n.children[i] for n in runs.node], runs.start, runs.end))
                 for i in range(t.num_fields)]
         return pa.Array.from_buffers(t, length, [validity], children=kids)
     raise NotImplementedError(str(t))
 
 
 def runs_of(fds: list[int], layouts: list[Layout], which: np.ndarray, rows: np.ndarray,
-            column: int) -> _Runs:
+            column: int) -> Runs:
     """Runs of consecutive rows of one batch, in the order asked, for top-level ``column``."""
     batch = np.empty(len(rows), np.int64)
     local = np.empty(len(rows), np.int64)
@@ -321,5 +321,5 @@ def runs_of(fds: list[int], layouts: list[Layout], which: np.ndarray, rows: np.n
     first = np.concatenate([[0], cut]).astype(np.int64)
     last = np.concatenate([cut, [len(rows)]]).astype(np.int64)
     w, b = which[first].tolist(), batch[first].tolist()
-    return _Runs([fds[i] for i in w], [layouts[i].batches[j][column] for i, j in zip(w, b)],
+    return Runs([fds[i] for i in w], [layouts[i].batches[j][column] for i, j in zip(w, b)],
                  local[first], local[first] + (last - first))

@@ -57,11 +57,13 @@ from crc32c import crc32c
 from ..errors import CorruptionError, LakeBufferError, StorageError, error_boundary
 from .base import Location, ScannedDataset, Staged, gather
 from .checksum import repair_hint
-from .ipcread import Layout, LayoutError, read_layout, read_runs, runs_of
+from .ipcread import Layout, LayoutError, Runs, read_layout, read_runs, runs_of
 from .wal import _FOOTER, _MAGIC, WriteAheadLog, fsync_path
 
 log = logging.getLogger("lakebuffer.warm")
 
+#: a scan reads a fragment in record batches of about this many bytes of the asked columns
+SCAN_CHUNK_BYTES = 1 << 20
 #: open fragment files kept (with their parsed layout); well under a default limit of 1,024 descriptors
 MAX_OPEN_FILES = 256
 #: the key a deleted row's slot carries inside a fragment (keys are never empty: ingest refuses "")
@@ -203,6 +205,7 @@ class _WarmDataset(ScannedDataset):
         read = [c for c in names if c in asked or c in _filter_columns(names, kwargs.get("filter"))]
         schema = pa.schema([tier.schema.field(c) for c in read])
         kwargs["columns"] = asked
+        kwargs["batch_readahead"], kwargs["fragment_readahead"] = 1, 1  # memory: a chunk or two in flight
         batches = tier.stream(self._ids, read or ["key"])  # a count reads one small column
         return pds.Scanner.from_batches(batches, *args, schema=schema, **kwargs)
 
@@ -423,9 +426,35 @@ class WarmTier:
         return pa.Table.from_batches(list(self.batches(int(f), cols)), schema=pa.schema([self.schema.field(c) for c in cols]))
 
     def batches(self, f: int, columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
-        """Fragment ``f``'s record batches with ``columns``, one at a time, each checked unchanged after its read."""
+        """Fragment ``f``'s rows with ``columns`` in record batches of at most ~``SCAN_CHUNK_BYTES`` (a
+        fragment's own batch may be a whole push), each read by positioned reads and checked unchanged
+        after its read: a scan holds one chunk, not one fragment, in anonymous memory."""
         schema = pa.schema([self.schema.field(c) for c in columns])
         o = self.opened(f)
+        lay = o.layout
+        if not (lay.supported and lay.schema.equals(self.schema)):
+            yield from self._batches_whole(f, o, columns, schema)
+            return
+        idx = [self.schema.get_field_index(c) for c in columns]
+        width = max(lay.column_bytes(list(columns)) / max(lay.rows, 1), 1.0)
+        step = max(1, int(SCAN_CHUNK_BYTES // width))
+        for b, nodes in enumerate(lay.batches):
+            n = int(lay.starts[b + 1] - lay.starts[b])
+            for lo in range(0, n, step):
+                hi = min(n, lo + step)
+                try:
+                    arrays = [read_runs(schema.field(j).type, Runs([o.fd], [nodes[i]], np.array([lo]), np.array([hi])))
+                              for j, i in enumerate(idx)]
+                except (LayoutError, OSError, pa.ArrowException) as e:
+                    self._forget(f)
+                    raise self._damaged(f, f"cannot be decoded ({e})" if o.unchanged() else "changed while it was read") from e
+                if not o.unchanged():
+                    self._forget(f)
+                    raise self._damaged(f, "changed while it was read")
+                yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+    def _batches_whole(self, f: int, o: _Open, columns: Sequence[str], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+        """A fragment ``ipcread`` does not read by rows (dictionaries, compression, an older schema)."""
         try:
             r = o.reader(columns)
             n = r.num_record_batches
@@ -513,7 +542,13 @@ class WarmTier:
         self._verify_file(int(fragment_id), force=True)
 
     def expect(self, fragment_id: int, files: Sequence[str], checksum: int | None) -> None:
-        """Kept for callers that hand over the index's record: a fragment's checksum is its footer."""
+        """The index records fragment ``fragment_id`` (recovery says so for each warm batch): it is
+        published even when its file is gone, so a scan over it raises ``CorruptionError`` instead of
+        silently leaving its rows out (issue 24). A fragment's checksum is its own footer."""
+        with self._lock:
+            if int(fragment_id) not in self._published:
+                self._published.add(int(fragment_id))
+                self._version += 1
 
     def ensure_verified(self, fragment_ids: Sequence[int]) -> None:
         """Verify each fragment not verified yet in this process (or whose file changed since)."""
