@@ -197,17 +197,58 @@ class _WarmDataset(ScannedDataset):
 
     def scanner(self, *args: Any, **kwargs: Any) -> Any:
         tier: WarmTier = self._tier
+        flt = kwargs.get("filter")
         if tier.has_deletes(self._ids):
             live = pc.field("key") != pa.scalar(DELETED_KEY)
-            kwargs["filter"] = live if kwargs.get("filter") is None else kwargs["filter"] & live
+            flt = live if flt is None else flt & live
         names = tier.schema.names
         asked = list(kwargs.get("columns") or names)
-        read = [c for c in names if c in asked or c in _filter_columns(names, kwargs.get("filter"))]
-        schema = pa.schema([tier.schema.field(c) for c in read])
-        kwargs["columns"] = asked
-        kwargs["batch_readahead"], kwargs["fragment_readahead"] = 1, 1  # memory: a chunk or two in flight
-        batches = tier.stream(self._ids, read or ["key"])  # a count reads one small column
-        return pds.Scanner.from_batches(batches, *args, schema=schema, **kwargs)
+        read = [c for c in names if c in asked or c in _filter_columns(names, flt)] or ["key"]
+        return _Scan(tier, self._ids, read, asked, flt)
+
+
+class _Scan:
+    """What ``scanner`` returns: the fragments' batches pulled on the *consumer's* thread.
+
+    Not ``pds.Scanner.from_batches``: that pulls the Python generator from Arrow's own threads
+    (read-ahead), which outlive the query and, at interpreter exit, abort the process reaching for the
+    GIL (issue 24). A reader pulls only while DuckDB (or the caller) asks for a batch, i.e. inside a
+    query the exit hook waits for. The filter (DuckDB's pushed-down one and the deleted rows') is
+    applied here exactly.
+    """
+
+    def __init__(self, tier: WarmTier, ids: Sequence[int], read: list[str], asked: list[str], flt: Any) -> None:
+        self._tier, self._ids, self._read, self._asked, self._filter = tier, tuple(ids), read, asked, flt
+        self.projected_schema = pa.schema([tier.schema.field(c) for c in asked])
+
+    def _batches(self) -> Iterator[pa.RecordBatch]:
+        for b in self._tier.stream(self._ids, self._read):
+            if self._filter is not None:
+                t = pa.Table.from_batches([b]).filter(self._filter)
+                yield from t.select(self._asked).to_batches()
+            else:
+                yield b.select(self._asked)
+
+    def to_reader(self) -> pa.RecordBatchReader:
+        return pa.RecordBatchReader.from_batches(self.projected_schema, self._batches())
+
+    def to_batches(self) -> Iterator[pa.RecordBatch]:
+        return self._batches()
+
+    def to_table(self) -> pa.Table:
+        return pa.Table.from_batches(list(self._batches()), schema=self.projected_schema)
+
+    def count_rows(self) -> int:
+        return sum(b.num_rows for b in self._batches())
+
+    def head(self, num_rows: int) -> pa.Table:
+        out, n = [], 0
+        for b in self._batches():
+            if n >= num_rows:
+                break
+            out.append(b.slice(0, num_rows - n))
+            n += out[-1].num_rows
+        return pa.Table.from_batches(out, schema=self.projected_schema)
 
 
 @error_boundary(_warm_error)
