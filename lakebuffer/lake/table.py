@@ -25,7 +25,16 @@ from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
 
-from ..errors import LakeBufferError, LakeError, LockedError, OldLakeFormatError, ReadOnlyError, SchemaError
+from ..errors import (
+    LakeBufferError,
+    LakeDiskFullError,
+    LakeError,
+    LockedError,
+    OldLakeFormatError,
+    ReadOnlyError,
+    SchemaError,
+    is_disk_full,
+)
 from ..predicate import partition_hint
 from ..resources import render_sql
 from ..schema import PARTITIONING, ROLLOUT_SCHEMA, cast_to, key_array
@@ -633,6 +642,10 @@ class Lake:
                 for w in (writer, rewriter):
                     if w is not None:
                         w.abort()
+            if not committing and is_disk_full(e):  # the lake's filesystem is full: say so, and the fix
+                raise LakeDiskFullError(f"snapshot of run {run_id!r} to lake {self.url} failed, nothing was committed: "
+                                        f"its filesystem is full ({e}); every row stays in the local buffer: free "
+                                        "space in the lake (or run gc / set retention), then snapshot again") from e
             if not committing and type(e) is LakeError:  # a storage error before the commit
                 raise LakeError(f"snapshot of run {run_id!r} to lake {self.url} failed, nothing was committed: {e}") from e
             if e is user_error or isinstance(e, (LakeBufferError, KeyboardInterrupt)):

@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 from crc32c import crc32c
 
-from ..errors import CorruptionError
+from ..errors import CorruptionError, LakeBufferError, StorageError, disk_full, error_boundary, is_disk_full
 from .checksum import crc32c_file, repair_hint
 
 
@@ -35,6 +35,17 @@ _FOOTER = struct.Struct("<I4s")
 _MAGIC = b"LBW1"
 
 
+def _wal_error(wal: WriteAheadLog, e: BaseException) -> LakeBufferError | None:
+    """An OS / Arrow error writing or listing segments: ``DiskFullError`` on ENOSPC, else ``StorageError``."""
+    if isinstance(e, (OSError, ValueError, pa.ArrowException)):
+        where = f"writing {getattr(wal, 'path', '')}"
+        if is_disk_full(e):
+            return disk_full(where, e)
+        return StorageError(f"{where}: {type(e).__name__}: {e} (free disk space or fix the directory, then reopen)")
+    return None
+
+
+@error_boundary(_wal_error)
 class WriteAheadLog:
     def __init__(self, path: Path, sync: bool = False) -> None:
         self.path = Path(path)
@@ -51,6 +62,17 @@ class WriteAheadLog:
         """Write a segment from a table, or from record batches of ``schema`` (streamed: one in memory)."""
         final = self._segment(batch_id)
         tmp = final.with_suffix(".arrow.tmp")
+        try:
+            self._write(final, tmp, table, schema)
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # a failed write (a full disk) leaves nothing behind
+            raise
+        st = os.stat(final)
+        self.written[batch_id] = (st.st_size, st.st_mtime_ns)
+        if self.sync:
+            fsync_path(self.path)
+
+    def _write(self, final: Path, tmp: Path, table: pa.Table | Iterable[pa.RecordBatch], schema: pa.Schema | None) -> None:
         with pa.OSFile(str(tmp), "wb") as f:  # native writes: no Python bytes copies per buffer
             if isinstance(table, pa.Table):
                 with pa.ipc.new_file(f, table.schema) as w:
@@ -66,10 +88,6 @@ class WriteAheadLog:
         if self.sync:
             fsync_path(tmp)
         os.replace(tmp, final)
-        st = os.stat(final)
-        self.written[batch_id] = (st.st_size, st.st_mtime_ns)
-        if self.sync:
-            fsync_path(self.path)
 
     def read(self, batch_id: int) -> pa.Table:
         """The segment's rows, after checking its CRC32C (``CorruptionError`` naming it and the fix)."""

@@ -54,7 +54,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pds
 from crc32c import crc32c
 
-from ..errors import CorruptionError, LakeBufferError, StorageError, error_boundary
+from ..errors import CorruptionError, LakeBufferError, StorageError, disk_full, error_boundary, is_disk_full
 from .base import Location, ScannedDataset, Staged, gather
 from .checksum import repair_hint
 from .ipcread import Layout, LayoutError, Runs, read_layout, read_runs, runs_of
@@ -164,6 +164,8 @@ class _Changed(Exception):
 def _warm_error(tier: WarmTier, e: BaseException) -> LakeBufferError | None:
     """pyarrow and the OS raise OSError / ValueError / ArrowException; the user sees a StorageError."""
     if isinstance(e, (OSError, ValueError, RuntimeError, pa.ArrowException)):
+        if is_disk_full(e):
+            return disk_full(f"warm tier {getattr(tier, 'path', '')}", e)
         return StorageError(f"warm tier {getattr(tier, 'path', '')}: {type(e).__name__}: {e}")
     return None
 
@@ -524,6 +526,11 @@ class WarmTier:
 
     def has_deletes(self, ids: Sequence[int]) -> bool:
         return any(self._counts_of(f)[1] != self._counts_of(f)[0] for f in ids)
+
+    def close(self) -> None:
+        """Release the open fragment files (the buffer's ``close``: the directory is let go whole)."""
+        with self._maps_lock:
+            self._open.clear()
 
     # deletes and drops -------------------------------------------------------------------
     def delete(self, keys: Sequence[str], parts: Sequence[int] | None = None) -> None:
