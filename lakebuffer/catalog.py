@@ -76,7 +76,9 @@ def stream(sql: str, tables: dict[str, Any], batch_size: int, setup: list[str] =
                     except StopIteration:
                         break
                 yield batch
-        except (duckdb.Error, pa.ArrowException) as e:
+        except LakeBufferError:
+            raise
+        except (duckdb.Error, pa.ArrowException, OSError) as e:  # a source's error comes back as a plain OSError
             raise query_error(e) from e
     finally:  # close and free inside the bracket: their destructors release the GIL (issue 24)
         with runtime.native_call("DuckDB scan", refuse=False):

@@ -6,8 +6,9 @@ Why IPC and not Lance (issue 17, measured side by side by ``benchmarks/warm_get.
 p50 from IPC files against 41-52 ms from Lance 2.1 and 49-66 ms from Lance 2.0 (today's buffer
 ``get``: 71-93 ms); writing a fragment costs ~3 s of CPU per GB in IPC against 4.4 (Lance 2.0) and
 6.8 (2.1). Lance's random access is built for remote object stores and large scans; a local tier
-that sits in the page cache is served best by a memory map and a zero-copy gather. See
-BENCHMARKS.md, "Warm tier for get (#17)".
+that sits in the page cache is served best by reading only the asked rows' bytes (issue 17 used a
+memory map; issue 24 replaced it with positioned reads, below). See BENCHMARKS.md, "Warm tier for get
+(#17)" and "Warm reads without a memory map (#24)".
 
 Layout: ``<buffer>/warm/<fragment:016d>.arrow``, each in the WAL's segment format (an Arrow IPC file
 followed by an 8-byte CRC32C footer, ``tiers.wal``). So a WAL segment *is* a warm fragment: write-back
@@ -26,8 +27,8 @@ kept (at most ``MAX_OPEN_FILES``), each with its parsed IPC layout.
 
 Integrity (issue 15, guarantee 2: reads never return data failing its checksum): a fragment is
 checked against its own CRC32C footer the first time this process reads it (``take``, or a DuckDB
-scan when it starts), and stays verified while its file keeps its (size, mtime); a changed file is
-checked again. A fragment this process wrote starts verified (its CRC32C was taken from the bytes
+scan when it starts), and stays verified while its file keeps its (inode, size, mtime); a changed
+file is checked again (a file modified within ``RACY_NS`` of its check is checked again next time). A fragment this process wrote starts verified (its CRC32C was taken from the bytes
 on disk), and so does an adopted WAL segment unchanged since this process wrote it; any other is
 checked when adopted.
 A fragment that fails raises ``CorruptionError`` naming the file and the fix, every time it is read.
@@ -40,13 +41,11 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -55,10 +54,11 @@ import pyarrow.dataset as pds
 from crc32c import crc32c
 
 from ..errors import CorruptionError, LakeBufferError, StorageError, disk_full, error_boundary, is_disk_full
-from .base import Location, ScannedDataset, Staged, gather
+from .base import Location, Staged, gather
 from .checksum import repair_hint
 from .ipcread import Layout, LayoutError, Runs, read_layout, read_runs, runs_of
 from .wal import _FOOTER, _MAGIC, WriteAheadLog, fsync_path
+from .warmscan import DELETED_KEY, WarmDataset
 
 log = logging.getLogger("lakebuffer.warm")
 
@@ -66,8 +66,6 @@ log = logging.getLogger("lakebuffer.warm")
 SCAN_CHUNK_BYTES = 1 << 20
 #: open fragment files kept (with their parsed layout); well under a default limit of 1,024 descriptors
 MAX_OPEN_FILES = 256
-#: the key a deleted row's slot carries inside a fragment (keys are never empty: ingest refuses "")
-DELETED_KEY = ""
 
 
 def warm_path(buffer_dir: Path) -> Path:
@@ -168,89 +166,6 @@ def _warm_error(tier: WarmTier, e: BaseException) -> LakeBufferError | None:
             return disk_full(f"warm tier {getattr(tier, 'path', '')}", e)
         return StorageError(f"warm tier {getattr(tier, 'path', '')}: {type(e).__name__}: {e}")
     return None
-
-
-def _filter_columns(names: Sequence[str], expr: Any) -> list[str]:
-    """Columns a pyarrow filter expression may reference (by name in its text; more is only slower)."""
-    if expr is None:
-        return []
-    text = str(expr)
-    if any(not re.fullmatch(r"\w+", n) for n in names):
-        return list(names)
-    return [n for n in names if re.search(rf"\b{n}\b", text)]
-
-
-class _WarmDataset(ScannedDataset):
-    """The warm fragments as DuckDB sees them: a scan reads each fragment's asked columns by positioned
-    reads, batch by batch, after verifying it; deleted row slots are filtered out here.
-
-    DuckDB calls ``scanner`` when a query actually reads the warm tier (not to bind a view), so a
-    query over ``meta`` only never pays for it.
-    """
-
-    _tier: Any = None
-    _ids: tuple[int, ...] = ()
-
-    @classmethod
-    def over(cls, tier: WarmTier, ids: Sequence[int]) -> _WarmDataset:
-        out = cls(tier.schema.empty_table())
-        out._tier, out._ids = tier, tuple(ids)
-        return out
-
-    def scanner(self, *args: Any, **kwargs: Any) -> Any:
-        tier: WarmTier = self._tier
-        flt = kwargs.get("filter")
-        if tier.has_deletes(self._ids):
-            live = pc.field("key") != pa.scalar(DELETED_KEY)
-            flt = live if flt is None else flt & live
-        names = tier.schema.names
-        asked = list(kwargs.get("columns") or names)
-        read = [c for c in names if c in asked or c in _filter_columns(names, flt)] or ["key"]
-        return _Scan(tier, self._ids, read, asked, flt)
-
-
-class _Scan:
-    """What ``scanner`` returns: the fragments' batches pulled on the *consumer's* thread.
-
-    Not ``pds.Scanner.from_batches``: that pulls the Python generator from Arrow's own threads
-    (read-ahead), which outlive the query and, at interpreter exit, abort the process reaching for the
-    GIL (issue 24). A reader pulls only while DuckDB (or the caller) asks for a batch, i.e. inside a
-    query the exit hook waits for. The filter (DuckDB's pushed-down one and the deleted rows') is
-    applied here exactly.
-    """
-
-    def __init__(self, tier: WarmTier, ids: Sequence[int], read: list[str], asked: list[str], flt: Any) -> None:
-        self._tier, self._ids, self._read, self._asked, self._filter = tier, tuple(ids), read, asked, flt
-        self.projected_schema = pa.schema([tier.schema.field(c) for c in asked])
-
-    def _batches(self) -> Iterator[pa.RecordBatch]:
-        for b in self._tier.stream(self._ids, self._read):
-            if self._filter is not None:
-                t = pa.Table.from_batches([b]).filter(self._filter)
-                yield from t.select(self._asked).to_batches()
-            else:
-                yield b.select(self._asked)
-
-    def to_reader(self) -> pa.RecordBatchReader:
-        return pa.RecordBatchReader.from_batches(self.projected_schema, self._batches())
-
-    def to_batches(self) -> Iterator[pa.RecordBatch]:
-        return self._batches()
-
-    def to_table(self) -> pa.Table:
-        return pa.Table.from_batches(list(self._batches()), schema=self.projected_schema)
-
-    def count_rows(self) -> int:
-        return sum(b.num_rows for b in self._batches())
-
-    def head(self, num_rows: int) -> pa.Table:
-        out, n = [], 0
-        for b in self._batches():
-            if n >= num_rows:
-                break
-            out.append(b.slice(0, num_rows - n))
-            n += out[-1].num_rows
-        return pa.Table.from_batches(out, schema=self.projected_schema)
 
 
 @error_boundary(_warm_error)
@@ -522,7 +437,7 @@ class WarmTier:
         """The published fragments for DuckDB; a scan verifies them first (see the module)."""
         with self._lock:
             ids = sorted(self._published)
-        return _WarmDataset.over(self, ids)
+        return WarmDataset.over(self, ids)
 
     def has_deletes(self, ids: Sequence[int]) -> bool:
         return any(self._counts_of(f)[1] != self._counts_of(f)[0] for f in ids)
