@@ -240,6 +240,37 @@ def _gather_bytes(runs: Runs, buf: int, width: int) -> pa.Buffer:
     return pa.py_buffer(out)
 
 
+#: offsets are read once per record batch (the span the asked rows cover) when that span is this small
+SPAN_BYTES = 1 << 20
+
+
+def _gather_spans(runs: Runs, buf: int, width: int) -> np.ndarray:
+    """Like ``_gather_bytes`` (as uint8), but one read per node for the span its runs cover, when small:
+    the offsets of a batch's asked rows cost one ``pread``, not one per run."""
+    spans: dict[int, list] = {}
+    for fd, node, s, e in zip(runs.fd, runs.node, runs.start.tolist(), runs.end.tolist()):
+        sp = spans.setdefault(id(node), [fd, node, s, e])
+        sp[2], sp[3] = min(sp[2], s), max(sp[3], e)
+    data: dict[int, tuple[int, np.ndarray] | None] = {}
+    for k, (fd, node, lo, hi) in spans.items():
+        off, blen = node.buffers[buf]
+        if (hi - lo) * width > SPAN_BYTES:
+            data[k] = None
+            continue
+        if hi * width > blen:
+            raise LayoutError("rows past the end of their buffer")
+        data[k] = (lo, np.frombuffer(_pread(fd, (hi - lo) * width, off + lo * width), np.uint8))
+    parts = []
+    for fd, node, s, e in zip(runs.fd, runs.node, runs.start.tolist(), runs.end.tolist()):
+        got = data[id(node)]
+        if got is None:
+            parts.append(np.frombuffer(_gather_bytes(Runs([fd], [node], np.array([s]), np.array([e])), buf, width), np.uint8))
+        else:
+            lo, arr = got
+            parts.append(arr[(s - lo) * width : (e - lo) * width])
+    return np.concatenate(parts) if parts else np.zeros(0, np.uint8)
+
+
 def _gather_bits(runs: Runs, buf: int, when_nulls: bool) -> pa.Buffer | None:
     """Bits [start, end) of bitmap ``buf`` of each run, repacked from bit 0; None when no run has nulls."""
     if when_nulls and not any(n.nulls for n in runs.node):
@@ -262,8 +293,8 @@ def _gather_bits(runs: Runs, buf: int, when_nulls: bool) -> pa.Buffer | None:
 def _offsets(runs: Runs, buf: int, dtype: type) -> tuple[pa.Buffer, Runs]:
     """The runs' offsets rebased from 0, and the child element runs they point at."""
     width = np.dtype(dtype).itemsize
-    raw = _gather_bytes(Runs(runs.fd, runs.node, runs.start, runs.end + 1), buf, width)
-    offs = np.frombuffer(raw, dtype).astype(np.int64)
+    raw = _gather_spans(Runs(runs.fd, runs.node, runs.start, runs.end + 1), buf, width)
+    offs = raw.view(dtype).astype(np.int64)
     counts = (runs.end - runs.start + 1)
     firsts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     lasts = firsts + counts - 1

@@ -309,13 +309,18 @@ class WarmTier:
         raise self._damaged(f, "keeps changing while it is read (another program writes it)")
 
     def opened(self, f: int) -> _Open:
-        """Fragment ``f`` open and verified (one ``stat`` when it already is)."""
+        """Fragment ``f`` open and verified (no system call when it already is).
+
+        An open file is trusted while it keeps its signature, which every read checks afterwards
+        (``_Open.unchanged``); a name another program replaced or removed keeps serving the verified
+        file this tier holds open (its bytes are still the verified ones) until it is dropped. Changes
+        made here (deletes, drops) forget the open file first.
+        """
         f = int(f)
-        sig = _path_sig(f"{self._dir}/{f:016d}.arrow")  # a str path: pathlib costs more than the stat
         o = self._open.get(f)  # lock-free read (a dict get is atomic); writers below hold the lock
-        if o is not None and o.sig == sig and (not self.verify_reads or self._verified.get(f) == sig):
+        if o is not None and (not self.verify_reads or self._verified.get(f) == o.sig):
             return o
-        if sig is None:
+        if not os.path.exists(f"{self._dir}/{f:016d}.arrow"):
             raise self._damaged(f, "is missing")
         o = self._verify_file(f)
         with self._maps_lock:
