@@ -54,6 +54,7 @@ def test_native_forms_keep_the_tokens() -> None:
     assert not padded[1, lengths[1] :].any()
 
 
+@pytest.mark.slow  # ~1 min: every scenario and baseline; `make test` keeps the CLI's quick run (test_cli)
 @pytest.mark.timeout(300)
 def test_quick_run_reports_every_system(tmp_path: Path) -> None:
     seen: list[str] = []

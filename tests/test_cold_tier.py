@@ -26,6 +26,7 @@ from lakebuffer.engine.diskbudget import dir_bytes
 from lakebuffer.errors import BackpressureError, CorruptionError, KeyNotFoundError
 from lakebuffer.fsck import check as fsck
 from tests.rollouts import make_rollouts
+from tests.sizes import fast_and_full
 
 ROOT = Path(__file__).resolve().parent.parent
 LIMIT_GB = 4 / 1024  # 4 MiB: a quarter of the ~16 MiB pushed below
@@ -218,13 +219,14 @@ def _check_once(path: Path, lake: str, acked: list[str], what: str) -> None:
     assert report["ok"], (what, report["problems"])
 
 
-def test_kill_minus_nine_inside_a_tier_move_and_at_random_loses_nothing_and_reads_nothing_twice(tmp_path):
+@fast_and_full("kills", 1, 6)
+def test_kill_minus_nine_inside_a_tier_move_and_at_random_loses_nothing_and_reads_nothing_twice(tmp_path, kills):
     path, lake = tmp_path / "buf", str(tmp_path / "lake")
     acked = _run_worker(path, lake, 0, "in-move", 120)  # killed between the index write and the file's removal
     assert acked
     _check_once(path, lake, acked, "killed inside a move")
     rng = random.Random(16)
-    for i in range(int(os.environ.get("LAKEBUFFER_CRASH_KILLS", "6"))):
+    for i in range(int(os.environ.get("LAKEBUFFER_CRASH_KILLS", kills))):
         acked += _run_worker(path, lake, i + 1, "random", rng.uniform(2.0, 5.0))
         _check_once(path, lake, acked, f"random kill {i}")
     with _open(path, lake) as buf:

@@ -17,7 +17,7 @@ from tests.rollouts import make_rollouts  # noqa: E402
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
     yield
     ray.shutdown()
 

@@ -20,6 +20,7 @@ import pytest
 import lakebuffer as lb
 from lakebuffer.fsck import check as fsck
 from tests.rollouts import make_rollouts
+from tests.sizes import fast_and_full
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,11 +69,11 @@ def _run_and_kill(path: Path, seed: int, delay: float, lake: str | None = None, 
     return acked
 
 
-def test_kill_minus_nine_never_loses_or_duplicates_acknowledged_rows(tmp_path):
+@fast_and_full("kills", 4, 20)
+def test_kill_minus_nine_never_loses_or_duplicates_acknowledged_rows(tmp_path, kills):
     rng = random.Random(1234)
     path = tmp_path / "buf"
     acked: list[str] = []
-    kills = 20
     for i in range(kills):
         acked += _run_and_kill(path, seed=i, delay=rng.uniform(0.05, 0.6))
         with lb.ReplayBuffer.open(path, memory_limit_mb=1, snapshot_interval_s=0) as buf:
@@ -84,7 +85,7 @@ def test_kill_minus_nine_never_loses_or_duplicates_acknowledged_rows(tmp_path):
             assert got == acked[-5:]
         report = fsck(path)
         assert report["ok"], report["problems"]
-    assert len(acked) > 20 * 32  # the worker made progress between kills
+    assert len(acked) > kills * 32  # the worker made progress between kills
 
 
 def _kill_while_maintaining(tmp_path: Path, lake: str, kills: int, seed: int, storage_options: dict | None = None) -> None:
@@ -111,14 +112,16 @@ def _kill_while_maintaining(tmp_path: Path, lake: str, kills: int, seed: int, st
     assert n > 0  # snapshots reached the lake between kills
 
 
-def test_kill_minus_nine_during_snapshot_compact_and_gc_of_a_file_lake(tmp_path):
-    """``LAKEBUFFER_CRASH_KILLS`` raises the number of kills (default 10)."""
-    _kill_while_maintaining(tmp_path, str(tmp_path / "lake"), int(os.environ.get("LAKEBUFFER_CRASH_KILLS", "10")), 4321)
+@fast_and_full("kills", 3, 10)
+def test_kill_minus_nine_during_snapshot_compact_and_gc_of_a_file_lake(tmp_path, kills):
+    """``LAKEBUFFER_CRASH_KILLS`` sets the number of kills (3 fast, 10 full)."""
+    _kill_while_maintaining(tmp_path, str(tmp_path / "lake"), int(os.environ.get("LAKEBUFFER_CRASH_KILLS", kills)), 4321)
 
 
-def test_kill_minus_nine_during_snapshot_compact_and_gc_of_an_s3_lake(tmp_path, s3_server, s3_bucket):
-    """The same on S3 (moto); ``LAKEBUFFER_CRASH_KILLS`` raises the number of kills (default 6)."""
-    kills = int(os.environ.get("LAKEBUFFER_CRASH_KILLS", "6"))
+@fast_and_full("kills", 2, 6)
+def test_kill_minus_nine_during_snapshot_compact_and_gc_of_an_s3_lake(tmp_path, s3_server, s3_bucket, kills):
+    """The same on S3 (moto); ``LAKEBUFFER_CRASH_KILLS`` sets the number of kills (2 fast, 6 full)."""
+    kills = int(os.environ.get("LAKEBUFFER_CRASH_KILLS", kills))
     _kill_while_maintaining(tmp_path, f"{s3_bucket}/lake", kills, 8765, s3_server.storage_options)
 
 
@@ -128,7 +131,8 @@ def _lake_keys(lake: str, storage_options: dict | None = None) -> list[str]:
         return view.sql("SELECT key FROM rollouts").column(0).to_pylist()
 
 
-def test_kill_minus_nine_during_restore_and_its_resume(tmp_path):
+@fast_and_full("kills", 4, 12)
+def test_kill_minus_nine_during_restore_and_its_resume(tmp_path, kills):
     """A fresh directory restores a run from the lake; the worker is killed at a random point (before,
     during or after the restore), another one reopens the directory (resuming the restore) and is
     killed too. Then the directory opens with every lake row and every acked push exactly once, or is
@@ -145,7 +149,7 @@ def test_kill_minus_nine_during_restore_and_its_resume(tmp_path):
     lake_keys = _lake_keys(lake)
     assert len(lake_keys) == 640
     rng = random.Random(2468)
-    kills = int(os.environ.get("LAKEBUFFER_CRASH_KILLS", "12"))
+    kills = int(os.environ.get("LAKEBUFFER_CRASH_KILLS", kills))
     mid_restore = 0
     for i in range(0, kills, 2):
         path = tmp_path / f"dst{i}"
@@ -180,7 +184,8 @@ def test_kill_minus_nine_during_restore_and_its_resume(tmp_path):
     assert mid_restore >= 1, "no kill landed inside a restore: the delays do not fit the restore's duration"
 
 
-def test_kill_minus_nine_during_gc_of_a_file_lake(tmp_path):
+@fast_and_full("kills", 3, 8)
+def test_kill_minus_nine_during_gc_of_a_file_lake(tmp_path, kills):
     """Snapshot, compact and ``gc(older_than_s=0)`` back to back (replaced files and expired manifests
     really deleted) under random kills: every acked row once locally, the lake readable (no manifest
     lists a deleted file) with each key once and only acked keys. ``LAKEBUFFER_CRASH_KILLS`` sets the
@@ -190,7 +195,7 @@ def test_kill_minus_nine_during_gc_of_a_file_lake(tmp_path):
     rng = random.Random(1357)
     acked: list[str] = []
     events: list[dict] = []
-    for i in range(int(os.environ.get("LAKEBUFFER_CRASH_KILLS", "8"))):
+    for i in range(int(os.environ.get("LAKEBUFFER_CRASH_KILLS", kills))):
         acked += _run_and_kill(path, seed=5000 + i, delay=rng.uniform(0.2, 1.5), lake=lake, mode="gc", events=events)
         with lb.ReplayBuffer.open(path, memory_limit_mb=1, snapshot_interval_s=0, lake=lake) as buf:
             stored = buf.sql("SELECT key FROM rollouts").column("key").to_pylist()

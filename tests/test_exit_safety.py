@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.sizes import fast_and_full
+
 REPO = Path(__file__).resolve().parents[1]
 N_CHILDREN = 50
 PARALLEL = 3
@@ -86,11 +88,12 @@ def summary(results: list[dict]) -> dict:
             "bad_buffer_children": sum(r["bad"] and r["buffer"] for r in results)}
 
 
-@pytest.mark.timeout(900)  # ~45-60 s on 2 idle cores; several minutes when the machine is shared
-def test_fifty_short_processes_exit_cleanly(tmp_path, s3_server, s3_bucket) -> None:
+@pytest.mark.timeout(900)  # 50 children: ~45-60 s on 2 idle cores; several minutes when the machine is shared
+@fast_and_full("n", 10, N_CHILDREN)  # 10 still cover both targets, every exit mode, both imports and 2 buffer children
+def test_short_processes_exit_cleanly(tmp_path, s3_server, s3_bucket, n) -> None:
     so = delta_storage_options(s3_server.direct_endpoint_url)
     targets = [(str(tmp_path / "lake"), {}), (f"{s3_bucket}/lake", so)]
-    results = run_children(targets, N_CHILDREN)
+    results = run_children(targets, n)
     bad = [r for r in results if r["bad"]]
     assert not bad, f"{summary(results)}; first failure: {bad[0]}"
 

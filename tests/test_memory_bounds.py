@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from lakebuffer.bench.memory import bound_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,7 +26,7 @@ LAKE_PHASES = {"snapshot", "delete_snapshot", "compact", "gc", "fsck", "lake_ver
 
 
 def run_paths(tmp_path: Path, lake: str | None, env: dict | None = None, **extra) -> dict:
-    args = {"dir": str(tmp_path), "lake": lake, "bytes": 16 * BUDGET_MB << 20, "budget_mb": BUDGET_MB, **extra}
+    args = {"dir": str(tmp_path), "lake": lake, "bytes": 16 * BUDGET_MB << 20, "budget_mb": BUDGET_MB} | extra
     out = subprocess.run([sys.executable, "-m", "lakebuffer.bench.memory", json.dumps(args)], cwd=ROOT,
                          capture_output=True, text=True, timeout=1500, env={**ENV, **(env or {})})
     assert out.returncode == 0, out.stderr[-4000:]
@@ -37,6 +39,16 @@ def over_bound(result: dict) -> dict[str, int]:
             if "peak_growth_bytes" in v and v["peak_growth_bytes"] > bound}
 
 
+def test_push_and_sample_get_stay_within_the_bound_past_the_bound(tmp_path):
+    """`make test`'s memory run: push 512 MB at a 16 MB budget (bound 320 MB, so holding the data would
+    fail), then sample + get and a payload scan; the full runs below are `slow`."""
+    r = run_paths(tmp_path, lake=None, bytes=512 << 20, budget_mb=16, phases=["sample_get", "scan_payload"])
+    assert r["pushed_bytes"] >= 512 << 20 > bound_bytes(16)
+    assert set(r["phases"]) == {"push", "sample_get", "scan_payload"}
+    assert over_bound(r) == {}, f"MB over {bound_bytes(16) >> 20} MB: {over_bound(r)}"
+
+
+@pytest.mark.slow
 def test_local_paths_stay_within_the_bound_at_16x_the_budget(tmp_path):
     r = run_paths(tmp_path, lake=None)
     assert r["pushed_bytes"] >= 16 * BUDGET_MB << 20
@@ -50,6 +62,7 @@ def test_local_paths_stay_within_the_bound_at_16x_the_budget(tmp_path):
         assert "raise memory_limit_mb" in phases["sql_sort_payload_error"]["error"]
 
 
+@pytest.mark.slow
 def test_lake_paths_stay_within_the_bound_at_16x_the_budget(tmp_path):
     """A snapshot of a 1 GB backlog (54 policy buckets), a copy-on-write delete hitting most files,
     compaction into 256 MB files, gc, fsck, the lake's verification and a restore, on a local lake."""
@@ -59,6 +72,7 @@ def test_lake_paths_stay_within_the_bound_at_16x_the_budget(tmp_path):
     assert over_bound(r) == {}, f"MB over {bound_bytes(BUDGET_MB) >> 20} MB: {over_bound(r)}"
 
 
+@pytest.mark.slow
 def test_cold_paths_stay_within_the_bound_at_16x_the_budget(tmp_path):
     """With ``disk_limit_gb`` at a quarter of the data most rows live only in the lake: push (which
     snapshots to make room), sql / scan / sample + get / dataset over mostly cold rows, then every lake
@@ -88,6 +102,7 @@ def test_a_default_scan_batch_is_sized_by_the_budget_not_by_rows(tmp_path):
         assert max(b.num_rows for b in buf.scan(columns=["key", "response_ids"], batch_size=1000)) == 1000
 
 
+@pytest.mark.slow
 def test_s3_lake_paths_stay_within_the_bound_at_16x_the_budget(tmp_path, s3_server, s3_bucket):
     """The same on S3 (moto on loopback): data files are encoded into a local spill file and uploaded
     from it by multipart, restore fetches within the budget."""

@@ -90,6 +90,7 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
     batch_rows = int(args.get("batch_rows", 256))
     data._pools(0)  # the generator's pool is the harness's memory, not the buffer's
     phases: dict[str, dict[str, Any]] = {}
+    only = set(args.get("phases") or ())  # `make test`'s small run: push plus these (no lake), then stop
     # no lake deadline: on a shared machine a 1 GB snapshot may take minutes; memory is what is measured
     opts = dict(memory_limit_mb=budget_mb, snapshot_interval_s=0, storage_options=args.get("storage_options"), lake_timeout_s=None,
                 disk_limit_gb=args.get("disk_limit_gb"))  # with a lake: most rows end cold (issue 16, part 2)
@@ -111,6 +112,13 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
 
     measure(phases, "push", base, push)
     tier_rows = {name: t["rows"] for name, t in buf.stats()["tiers"].items()}  # where the rows sit (disk budget: cold)
+    if only:
+        for name in sorted(only & {"sample_get", "scan_payload"}):
+            measure(phases, name, base, {"sample_get": lambda: _sample_get(buf),
+                                         "scan_payload": lambda: _scan_payload(buf)}[name])
+        buf.close()
+        return {"phases": phases, "base_bytes": base, "pushed_bytes": pushed["bytes"], "rows": pushed["rows"],
+                "budget_mb": budget_mb, "bound_bytes": bound_bytes(budget_mb), "tier_rows": tier_rows}
     if args.get("lake_only"):  # the lake's paths only (the S3 test: the local ones are the same code)
         return _lake_phases(args, buf, root, lake, opts, phases, base, pushed, warm.num_rows, tier_rows)
     measure(phases, "sql_payload", base, lambda: buf.sql("SELECT avg(len(response_ids)), sum(list_sum(response_ids)) FROM rollouts"))
@@ -122,14 +130,8 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
             phases["sql_sort_payload_error"] = {"error": str(e)[:400]}
 
     measure(phases, "sql_sort_payload", base, sort_payload)
-    measure(phases, "scan_payload", base, lambda: sum(b.num_rows for b in buf.scan(columns=["key", "response_ids", "response_logprobs"])))
-
-    def sample_get() -> None:
-        for i in range(16):
-            keys = buf.sample(256, seed=i, return_keys=True)
-            buf.get(keys, columns=["response_ids", "response_logprobs"])
-
-    measure(phases, "sample_get", base, sample_get)
+    measure(phases, "scan_payload", base, lambda: _scan_payload(buf))
+    measure(phases, "sample_get", base, lambda: _sample_get(buf))
 
     def iterate_dataset() -> int:
         from lakebuffer.dataset import iter_batches
@@ -143,6 +145,16 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
     measure(phases, "fsck", base, lambda: fsck.check(root / "buf"))
     return {"phases": phases, "base_bytes": base, "pushed_bytes": pushed["bytes"], "rows": pushed["rows"],
             "budget_mb": budget_mb, "bound_bytes": bound_bytes(budget_mb), "tier_rows": tier_rows}
+
+
+def _scan_payload(buf: Any) -> int:
+    return sum(b.num_rows for b in buf.scan(columns=["key", "response_ids", "response_logprobs"]))
+
+
+def _sample_get(buf: Any) -> None:
+    for i in range(16):
+        keys = buf.sample(256, seed=i, return_keys=True)
+        buf.get(keys, columns=["response_ids", "response_logprobs"])
 
 
 def _lake_phases(args: dict[str, Any], buf: Any, root: Path, lake: str, opts: dict[str, Any],
