@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.sizes import fast_and_full
 from tests.test_exit_safety import BAD_MARKS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,13 +33,8 @@ def _check(res: subprocess.CompletedProcess) -> None:
     assert res.returncode == 0 and not marks and "exiting" in res.stdout, (res.returncode, marks, res.stderr[-2000:])
 
 
+@fast_and_full("children", 1, 12)
 @pytest.mark.parametrize("what", ["sql", "scan", "sample", "spawn_kill"])
-def test_exit_with_reader_threads_inside_the_buffer_is_clean(tmp_path, what):
-    _check(_child(tmp_path, what))
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("what", ["sql", "scan", "sample", "spawn_kill"])
-def test_exit_with_reader_threads_inside_the_buffer_is_clean_many(tmp_path, what):
-    for i in range(12):
+def test_exit_with_reader_threads_inside_the_buffer_is_clean(tmp_path, what, children):
+    for i in range(children):
         _check(_child(tmp_path / str(i), what))

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pytest
 
 import lakebuffer as lb
 from tests.rollouts import make_rollouts
+from tests.sizes import fast_and_full
 
 N, TOKENS = 1600, 256
 
@@ -98,12 +98,7 @@ def _check(res: subprocess.CompletedProcess, damaged: int) -> None:
     assert "done" in res.stdout and damaged > 20, (res.stdout, damaged)
 
 
-def test_damaging_fragments_under_reads_gives_rows_or_corruption_error(tmp_path):
-    res, damaged = _race(tmp_path, 4.0)
-    _check(res, damaged)
-
-
-@pytest.mark.slow
-def test_damaging_fragments_under_reads_long(tmp_path):
-    res, damaged = _race(tmp_path, 60.0)
+@fast_and_full("seconds", 4.0, 60.0)
+def test_damaging_fragments_under_reads_gives_rows_or_corruption_error(tmp_path, seconds):
+    res, damaged = _race(tmp_path, seconds)
     _check(res, damaged)
