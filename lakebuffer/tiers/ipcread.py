@@ -75,6 +75,9 @@ class Node:
     nulls: int
     buffers: list[tuple[int, int]]
     children: list[Node] = field(default_factory=list)
+    #: buffer index -> its bytes, read with the layout (the offsets of list/string columns: small, and
+    #: read by every ``take``), so a ``take`` reads them from memory, not with a system call per batch
+    cached: dict[int, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass
@@ -206,7 +209,26 @@ def read_layout(fd: int, ipc_end: int) -> Layout:
         lengths.append(length)
     starts = np.zeros(len(lengths) + 1, np.int64)
     np.cumsum(lengths, out=starts[1:])
+    if supported:
+        _cache_offsets(fd, [n for cols in batches for n in cols])
     return Layout(schema, batches, starts, supported)
+
+
+#: offsets read with a file's layout, at most this many bytes per file (the rest is read per ``take``)
+CACHE_OFFSETS_BYTES = 1 << 20
+
+
+def _cache_offsets(fd: int, nodes: list[Node]) -> None:
+    budget = CACHE_OFFSETS_BYTES
+    todo = list(nodes)
+    while todo:
+        n = todo.pop()
+        todo.extend(n.children)
+        if _kind(n.type) in ("binary", "large_binary", "list", "large_list"):
+            off, blen = n.buffers[1]
+            if blen <= budget:
+                n.cached[1] = np.frombuffer(_pread(fd, blen, off), np.uint8)
+                budget -= blen
 
 
 # --- ranged reads --------------------------------------------------------------------------------
@@ -254,6 +276,11 @@ def _gather_spans(runs: Runs, buf: int, width: int) -> np.ndarray:
     data: dict[int, tuple[int, np.ndarray] | None] = {}
     for k, (fd, node, lo, hi) in spans.items():
         off, blen = node.buffers[buf]
+        if buf in node.cached:
+            if hi * width > blen:
+                raise LayoutError("rows past the end of their buffer")
+            data[k] = (0, node.cached[buf])
+            continue
         if (hi - lo) * width > SPAN_BYTES:
             data[k] = None
             continue
