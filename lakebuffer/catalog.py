@@ -85,6 +85,7 @@ def stream(sql: str, tables: dict[str, Any], batch_size: int, setup: list[str] =
             reader = None
             con.close()
             con = None
+            tables.clear()  # the sources too (a pyarrow Dataset's destructor releases the GIL as well)
 
 
 #: Queued metadata inserts / replay counts are applied in the background past these (see ``_maybe_flush``).
@@ -447,6 +448,7 @@ class Catalog:
             finally:
                 for name in tables:
                     self.con.unregister(name)
+                tables.clear()  # freed under the lock (exit safety: a Dataset's destructor is native code)
 
     def user_query(self, sql: str, params: list | dict | None = None) -> pa.Table:
         """A user's ``sql()``: one read-only statement (``sandbox.check_read_only``), then ``query``."""
