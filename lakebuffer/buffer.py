@@ -31,6 +31,7 @@ from . import samplers as _samplers
 from .catalog import Catalog
 from .engine import deletes, priorities, reads
 from .engine.budget import Budget
+from .engine.deadline import bounded_call, deadline
 from .engine.dirlock import DirLock
 from .engine.diskbudget import DiskBudget
 from .engine.ingest import Ingest
@@ -38,11 +39,11 @@ from .engine.promotion import ColdPromotion
 from .engine.recovery import recover, refuse_damaged_index
 from .engine.replays import ReplayLog
 from .engine.retention import Retention
-from .engine.snapshots import RESTORING, Snapshots, lake_settings, open_lake
+from .engine.snapshots import PENDING, RESTORING, Snapshots, lake_settings, open_lake
 from .engine.state import BufferState
 from .engine.tasks import TaskQueue
 from .engine.writeback import WriteBack
-from .errors import ClosedError, LakeError, SchemaError
+from .errors import ClosedError, LakeError, OptionError, SchemaError, StorageError
 from .index import KeyIndex
 from .options import BufferOptions
 from .results import Snapshot
@@ -86,12 +87,16 @@ class ReplayBuffer:
         disk_limit_gb: float | None = None,
         disk_free_floor_gb: float | None = None,
         promote_cold_reads: bool = False,
+        restore: str = "lazy",
     ) -> ReplayBuffer:
         """Open (creating or recovering) the buffer stored in directory ``path``.
 
         ``lake`` is the cold tier's fsspec URL (default ``<path>/lake``). An empty or missing ``path``
-        whose ``run_id`` has committed snapshots in ``lake`` is restored from the last one, eagerly
-        (every row written to the warm tier before ``open`` returns; ``progress(done, total)``).
+        whose ``run_id`` has committed snapshots in ``lake`` resumes from the last one (``progress(done,
+        total)``): ``restore="lazy"`` (default) indexes its rows as cold from the lake's metadata columns
+        (``sample``/``get`` served at once) and warms them in the background within ``disk_limit_gb``;
+        ``"cold"`` the same without warming; ``"eager"`` copies every row to the warm tier before ``open``
+        returns. While the lake cannot be read, such an open raises ``LakeError`` (never an empty run).
         Retention: past ``max_rows`` stored rows a push deletes the oldest, and rows more than
         ``max_policy_lag`` versions behind the newest are deleted (from every tier and the lake).
         A snapshot commits at most ``snapshot_max_rows`` rows / ``snapshot_max_bytes`` bytes; a backlog
@@ -123,7 +128,11 @@ class ReplayBuffer:
         """Use ``ReplayBuffer.open`` (it documents the options)."""
         self.options = options if options is not None else BufferOptions(**kwargs)
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StorageError(f"cannot use {self.path} as a buffer directory ({type(e).__name__}: {e}): pass "
+                               "a directory, or a path whose parent can hold one") from e
         self._dirlock = DirLock(self.path).acquire()
         self._closed = False
         try:
@@ -140,7 +149,8 @@ class ReplayBuffer:
         fresh = stored_run is None
         self.run_id = o.run_id or (stored_run.decode() if stored_run else self.path.resolve().name)
         if stored_run is not None and o.run_id and o.run_id != stored_run.decode():
-            raise ValueError(f"{self.path} holds run {stored_run.decode()!r}, not {o.run_id!r}")
+            raise OptionError(f"{self.path} holds run {stored_run.decode()!r}, not {o.run_id!r}: open it with "
+                              f"run_id={stored_run.decode()!r} (or None), or use another directory for run {o.run_id!r}")
         self.schema = self._resolve_schema(o.schema)
         self.key_prefix = o.key_prefix or self.run_id
         self.durability = o.durability
@@ -152,7 +162,10 @@ class ReplayBuffer:
         # a missing bucket fails here, clearly; a damaged lake leaves self.lake None (see open_lake)
         lake_opts = lake_settings(self.memory_limit_bytes, self.path)
         shutil.rmtree(lake_opts["spill_dir"], ignore_errors=True)
-        self.lake, lake_error = open_lake(self.lake_url, o.storage_options, **lake_opts)
+        # within lake_timeout_s: a stalled endpoint must not hold the open (and the directory) forever
+        self.lake, lake_error = bounded_call(lambda: open_lake(self.lake_url, o.storage_options, **lake_opts),
+                                             deadline(o.lake_timeout_s), lambda: self._lake_overdue(o.lake_timeout_s),
+                                             name="lakebuffer-open-lake")
         self.index.put_setting("lake", self.lake_url.encode())  # for fsck's repair from the lake (no secrets)
         self.meta_columns = metadata_columns(self.schema)
         # DuckDB gets half the budget (metadata table + query memory; the hot tier keeps the rest, see
@@ -178,11 +191,12 @@ class ReplayBuffer:
         self._snapshots = Snapshots(s, self.lake, self.lake_url, self._writeback.installer, o.snapshot_interval_s,
                                     lake_error=lake_error, storage_options=o.storage_options,
                                     max_rows=o.snapshot_max_rows, max_bytes=o.snapshot_max_bytes,
-                                    timeout_s=o.lake_timeout_s, lake_settings=lake_opts)
+                                    timeout_s=o.lake_timeout_s, lake_settings=lake_opts, restore=o.restore)
         s.cold = ColdTier(self._snapshots.current_lake, self.run_id, self.schema)
         self._disk = DiskBudget(s, s.cold, o.disk_limit_bytes, o.disk_free_floor_bytes,
                                 snapshot=self._snapshots.snapshot_now)
         self._snapshots.after_install = self._disk.relieve  # a restore stays within the disk budget
+        self._disk.snapshot_ahead = self._snapshots.submit  # past the high watermark: snapshot ahead
         self._promotion = ColdPromotion(s, self._disk, o.promote_cold_reads)
         s.on_cold_read = self._promotion.note
         self._ingest = Ingest(s, self._budget, self._writeback, key_prefix=self.key_prefix,
@@ -196,6 +210,9 @@ class ReplayBuffer:
                                     max_policy_lag=o.max_policy_lag)
         self._snapshots.claim(o.takeover)  # before anything reads or writes the run's lake side
         if fresh:  # only now: a directory refused above stays fresh (it restores when it opens)
+            # the resume is pending until the lake has been read: a refusal or a crash before then
+            # leaves the mark, and the next open checks the lake again instead of opening empty
+            self.index.put_setting(RESTORING, PENDING)
             self.index.put_setting("run_id", self.run_id.encode())
         recover(s, self._writeback)
         self._catalog.load_priorities(self.index.priorities())
@@ -206,7 +223,28 @@ class ReplayBuffer:
             self.restored_from = self.lake_url
             self.index.put_setting("restored_from", self.lake_url.encode())
         self._snapshots.refresh_cold()
+        self._warm_resumed(o)
         self._snapshots.start_timer()
+
+    def _lake_overdue(self, timeout_s: float | None) -> LakeError:
+        return LakeError(f"cannot reach lake {self.lake_url}: no answer within lake_timeout_s={timeout_s} s "
+                         "while opening it; check the endpoint and network (or raise lake_timeout_s), then open again")
+
+    def _warm_resumed(self, o: BufferOptions) -> None:
+        """``restore="lazy"``: warm the resumed run's cold batches in the background, newest first, within
+        the disk budget; a ``warming`` mark carries an unfinished warm over to the next open."""
+        if o.restore != "lazy":
+            return
+        batches = list(self._snapshots.resumed)
+        if batches:
+            self.index.put_setting("warming", b"1")
+        elif self.index.get_setting("warming") is not None:  # a reopen: what is still cold
+            with self._state.lock:
+                batches = sorted(b for b, i in self._batches.items() if i.tier == "cold")
+            if not batches:
+                self.index.delete_setting("warming")
+        if batches:
+            self._promotion.warm(reversed(batches))
 
     def _shutdown_parts(self) -> None:
         """Release what a failed open had started (best effort; the first error is what matters)."""
@@ -215,11 +253,11 @@ class ReplayBuffer:
             with contextlib.suppress(Exception):
                 snapshots.release()
             snapshots.stop_timer()
-        for name in ("tasks", "_catalog", "index"):
+        for name, stop in (("tasks", "stop"), ("_catalog", "close"), ("index", "close"), ("hot", "clear")):
             part = getattr(self, name, None)
             if part is not None:
                 try:
-                    part.close()
+                    getattr(part, stop)()
                 except Exception:  # noqa: BLE001 - already failing; the first error is what matters
                     pass
 
@@ -326,19 +364,22 @@ class ReplayBuffer:
         ``return_info=True`` returns ``(rows, info)`` as TorchRL does: ``info["keys"]``, and for
         the ``priority`` sampler ``info["weights"]`` (importance weights, ``beta`` a sampler
         option) and ``info["probabilities"]``.
+        A ``delete`` in another thread waits for the sample (or the sample for it): the rows returned
+        exist when the sample runs, never half of a delete.
         """
         self._check()
         strategy = _samplers.resolve(sampler, **options)
         catalog = self._catalog
-        catalog.sync()
-        if strategy.needs_counts:
-            keys = _samplers.draw(strategy, catalog, n, where, seed)
-        else:
-            with catalog.counts_deferred():
+        with self._state.gate.shared():  # no delete between the selection and the fetch (engine/readgate)
+            catalog.sync()
+            if strategy.needs_counts:
                 keys = _samplers.draw(strategy, catalog, n, where, seed)
-        catalog.record_replays(keys)
-        self._replays.record(keys)
-        out = keys if return_keys else self.get(keys, columns)
+            else:
+                with catalog.counts_deferred():
+                    keys = _samplers.draw(strategy, catalog, n, where, seed)
+            catalog.record_replays(keys)
+            self._replays.record(keys)
+            out = keys if return_keys else self.get(keys, columns)
         if return_info:
             return out, strategy.info(catalog, keys, where)
         return out
@@ -442,6 +483,7 @@ class ReplayBuffer:
             return
         try:
             self._snapshots.stop_timer()
+            self._promotion.stop()  # queued warming is optional: the rows stay cold, close does not wait for it
             self.tasks.drain()
             if self.durability == "memory":
                 self.evict_all()
@@ -456,8 +498,11 @@ class ReplayBuffer:
             self._closed = True
             try:
                 try:  # each part is closed even if another fails (a later error carries the earlier one)
+                    self._snapshots.stop_timer()
+                    self.tasks.stop()  # no-op after tasks.close(); after a failure above, the workers end here
                     self._catalog.close()
                 finally:
+                    self.hot.clear()
                     self.index.close()
             finally:
                 try:

@@ -164,6 +164,10 @@ def query_error(e: Exception) -> LakeBufferError:
         return QueryError(f"{type(e).__name__}: {first} -- the query needs more than DuckDB's share of the "
                           "buffer's memory (half of memory_limit_mb, at least 256 MB; it spills sorts and "
                           "aggregates past it): raise memory_limit_mb, or select fewer payload columns")
+    if "Max expression depth limit" in text:  # DuckDB's hint to raise it cannot apply: the configuration is locked
+        first = text.split(". Use ", 1)[0]
+        return QueryError(f"{type(e).__name__}: {first}: the query nests deeper than DuckDB's max_expression_depth "
+                          "(1000; lakebuffer's connections lock their configuration): write it flatter")
     return QueryError(f"{type(e).__name__}: {text}")
 
 

@@ -63,6 +63,12 @@ class BatchInfo:
     created_at: float = field(default_factory=time.time)  # when it was stored (the lake's lag in seconds)
 
 
+def _cold_blob(files: list[dict], file_idx: np.ndarray, row: np.ndarray) -> bytes:
+    """The ``l/`` value of a cold batch (see the module)."""
+    head = json.dumps(files).encode()
+    return _U32.pack(len(head)) + head + np.asarray(file_idx, "<i4").tobytes() + np.asarray(row, "<i8").tobytes()
+
+
 def _bkey(prefix: bytes, batch_id: int) -> bytes:
     return prefix + _U64.pack(batch_id)
 
@@ -186,6 +192,12 @@ class KeyIndex:
             self._next_seq += n_keys
             return seq
 
+    def advance_keys(self, seq: int) -> None:
+        """Never generate a key sequence number below ``seq`` (a sharded coordinator's floor: keys it
+        acknowledged before this shard lost its unsnapshotted rows are not reissued)."""
+        with self._lock:
+            self._next_seq = max(self._next_seq, int(seq))
+
     def reserve_batch(self) -> int:
         with self._lock:
             bid = self._next_batch
@@ -251,6 +263,27 @@ class KeyIndex:
             wb.put(b"c/next_batch", _U64.pack(self._next_batch))
             self._db.write(wb)
 
+    def record_cold_batch(self, info: BatchInfo, keys: list[str], meta: pa.Table, files: list[dict],
+                          file_idx: np.ndarray, row: np.ndarray) -> None:
+        """``record_batch`` of a batch only the lake holds (a lazy resume) with its rows' lake locations,
+        in the same single write: a crash leaves the batch whole or absent."""
+        wb = WriteBatch(raw_mode=True)
+        bid = info.batch_id
+        names = [b"k/" + k.encode() for k in keys]
+        for pos, name in enumerate(names):
+            wb.put(name, _LOC.pack(bid, pos))
+        wb.put(_bkey(b"b/", bid), json.dumps(asdict(info)).encode())
+        wb.put(_bkey(b"m/", bid), ipc_bytes(meta), self._meta_cf)
+        wb.put(_bkey(b"l/", bid), _cold_blob(files, file_idx, row))
+        with self._lock:
+            for i, v in enumerate(self._db.get(names)):
+                if v is not None and _LOC.unpack(v)[0] != bid:
+                    raise SchemaError(f"column 'key': key {keys[i]!r} of lake file {files[0]['path']} is already "
+                                      "stored (keys are unique); the lake holds it twice: run `lakebuffer fsck` on it")
+            wb.put(b"c/next_seq", _U64.pack(self._next_seq))
+            wb.put(b"c/next_batch", _U64.pack(self._next_batch))
+            self._db.write(wb)
+
     def set_batches(self, infos: Iterable[BatchInfo]) -> None:
         wb = WriteBatch(raw_mode=True)
         for info in infos:
@@ -300,11 +333,8 @@ class KeyIndex:
         (``files``: lake file entries ``{path, bytes}``; ``file[i]``/``row[i]``: where position i lives)."""
         wb = WriteBatch(raw_mode=True)
         for info, files, file_idx, row in moves:
-            head = json.dumps(files).encode()
-            blob = (_U32.pack(len(head)) + head + np.asarray(file_idx, "<i4").tobytes()
-                    + np.asarray(row, "<i8").tobytes())
             wb.put(_bkey(b"b/", info.batch_id), json.dumps(asdict(info)).encode())
-            wb.put(_bkey(b"l/", info.batch_id), blob)
+            wb.put(_bkey(b"l/", info.batch_id), _cold_blob(files, file_idx, row))
         self._db.write(wb)
 
     def cold_locations(self, batch_id: int) -> tuple[list[dict], np.ndarray, np.ndarray] | None:

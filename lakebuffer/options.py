@@ -18,6 +18,10 @@ DURABILITY = ("wal", "memory")
 DEFAULT_MEMORY_LIMIT_MB = 1024
 
 
+#: how a fresh directory resumes a run from the lake (``ReplayBuffer.open``)
+RESTORE_MODES = ("lazy", "cold", "eager")
+
+
 @dataclass(frozen=True)
 class BufferOptions:
     """See ``ReplayBuffer.open`` for what each option means."""
@@ -44,6 +48,7 @@ class BufferOptions:
     disk_limit_gb: float | None = None  # local disk budget of the directory (engine/diskbudget); None: unlimited
     disk_free_floor_gb: float | None = None  # keep this free on the filesystem; None: 1 GB or 5 %, whichever is less
     promote_cold_reads: bool = False  # batches get/sample read from the lake come back to local disk (engine/promotion)
+    restore: str = "lazy"  # a fresh directory's resume: "lazy" | "cold" (engine/resume) or "eager" (every row copied)
 
 
     def __post_init__(self) -> None:
@@ -57,6 +62,8 @@ class BufferOptions:
                 raise OptionError(f"{name} must be a positive number of GB or None, not {v!r}")
         if not isinstance(self.promote_cold_reads, bool):
             raise OptionError(f"promote_cold_reads must be True or False, not {self.promote_cold_reads!r}")
+        if self.restore not in RESTORE_MODES:
+            raise OptionError(f"restore must be one of {', '.join(RESTORE_MODES)}, not {self.restore!r}")
         if self.lake_timeout_s is not None and not self.lake_timeout_s > 0:
             raise OptionError(f"lake_timeout_s must be positive or None, not {self.lake_timeout_s!r}")
         for name in ("snapshot_max_rows", "snapshot_max_bytes"):

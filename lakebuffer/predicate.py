@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -87,6 +87,62 @@ _FORBIDDEN_TOKENS = frozenset(getattr(TokenType, n) for n in (
 ) if hasattr(TokenType, n))
 _QUERY_TOKENS = frozenset(getattr(TokenType, n) for n in ("SELECT", "FROM", "UNION", "INTERSECT", "EXCEPT", "EXISTS")
                           if hasattr(TokenType, n))
+
+
+#: Limits on a user's ``where`` (and any SQL expression checked here), so that a bad one is a
+#: ``QueryError`` in bounded time, never a ``RecursionError`` or a parse of minutes. Measured on the
+#: shared 2-core machine: sqlglot spends ~18 Python frames per nested parenthesis (60 levels overflow
+#: the default recursion limit, 3,000 ``NOT``s too) and ~0.1 ms per token (a 20,000-term ``OR`` 30 s
+#: end to end, a 100,000-value ``IN`` 47 s; tokenizing its 589 KB alone 4.6 s).
+MAX_WHERE_CHARS = 32_768
+#: tokens (a value, a name, an operator, a parenthesis each): a 2,000-term OR is ~8,000 (0.8 s to parse)
+MAX_WHERE_TOKENS = 8_192
+#: nesting: parentheses (and function calls, brackets), CASE ... END and chains of prefix operators
+#: (``NOT NOT x``, ``- - x``) each add one level
+MAX_WHERE_DEPTH = 32
+_OPEN = frozenset(getattr(TokenType, n) for n in ("L_PAREN", "L_BRACKET", "L_BRACE", "CASE") if hasattr(TokenType, n))
+_CLOSE = frozenset(getattr(TokenType, n) for n in ("R_PAREN", "R_BRACKET", "R_BRACE", "END") if hasattr(TokenType, n))
+_PREFIX = frozenset(getattr(TokenType, n) for n in ("NOT", "DASH", "PLUS", "TILDA") if hasattr(TokenType, n))
+_LIMIT_HELP = ("split it into smaller predicates, or for many keys use get(keys)/delete(keys=...) or a "
+               "column that groups them")
+
+
+def _too_long(text: str, what: str) -> QueryError:
+    return QueryError(f"{what} is {len(text):,} characters long, over the limit of MAX_WHERE_CHARS="
+                      f"{MAX_WHERE_CHARS:,} (lakebuffer.predicate): {_LIMIT_HELP}; it starts {text[:60]!r}")
+
+
+def _check_size(tokens: list[Token], text: str, what: str, composed: bool = False) -> None:
+    """``QueryError`` naming the limit when ``tokens`` are too many or nest too deep (no recursion).
+
+    ``composed``: SQL the library built around a checked where, which gets room for its own parts."""
+    slack = MAX_WHERE_DEPTH if composed else 0
+    if len(tokens) > MAX_WHERE_TOKENS + 32 * slack:
+        raise QueryError(f"{what} has {len(tokens):,} tokens, over the limit of MAX_WHERE_TOKENS={MAX_WHERE_TOKENS:,} "
+                         f"(lakebuffer.predicate): {_LIMIT_HELP}; it starts {text[:60]!r}")
+    depth = deepest = run = 0
+    for t in tokens:
+        kind = t.token_type
+        if kind in _PREFIX:
+            run += 1
+        else:
+            run = 0
+        if kind in _OPEN:
+            depth += 1
+        elif kind in _CLOSE:
+            depth = max(depth - 1, 0)
+        deepest = max(deepest, depth + run)
+    if deepest > MAX_WHERE_DEPTH + slack:
+        raise QueryError(f"{what} nests {deepest} levels deep (parentheses, CASE, chained NOT or signs), over the "
+                         f"limit of MAX_WHERE_DEPTH={MAX_WHERE_DEPTH} (lakebuffer.predicate): write it flatter, e.g. "
+                         f"a IN (...) or a AND b instead of nested groups; it starts {text[:60]!r}")
+
+
+def _too_deep(text: str, what: str) -> QueryError:
+    """The parser ran out of stack anyway (a caller deep in its own stack): still a ``QueryError``."""
+    return QueryError(f"{what} nests too deeply for the SQL parser (Python's recursion limit; the checked limit "
+                      f"is MAX_WHERE_DEPTH={MAX_WHERE_DEPTH} in lakebuffer.predicate): write it flatter; "
+                      f"it starts {text[:60]!r}")
 
 
 class Untranslatable(Exception):
@@ -178,8 +234,8 @@ class Where:
     """
 
     text: str | None
-    tree: exp.Expression | None
-    tokens: tuple[Token, ...] = ()
+    tree: exp.Expression | None = field(repr=False)  # sqlglot's repr recurses: a long chain overflows it
+    tokens: tuple[Token, ...] = field(default=(), repr=False)
 
     @property
     def is_true(self) -> bool:
@@ -223,6 +279,8 @@ class Where:
             expr = _Translate(_PyArrowBuild()).build(self.tree)
         except (TypeError, ValueError, pa.ArrowException) as e:
             raise Untranslatable(str(e)) from e
+        except RecursionError:  # within the limits this does not happen; DuckDB evaluates the text then
+            raise Untranslatable("too deeply nested to translate") from None
         if schema is not None:
             try:
                 bind(expr, schema)
@@ -241,19 +299,8 @@ class Where:
         """The top-level AND terms, parentheses opened; OR terms are left out (a top-level OR gives ``()``)."""
         if self.tree is None:
             return ()
-        out: list[exp.Expression] = []
-
-        def walk(node: exp.Expression) -> None:
-            if isinstance(node, exp.Paren):
-                walk(node.this)
-            elif isinstance(node, exp.And):
-                walk(node.this)
-                walk(node.expression)
-            elif not isinstance(node, exp.Or):  # an OR constrains nothing on its own
-                out.append(node)
-
-        walk(self.tree)
-        return tuple(out)
+        # an OR constrains nothing on its own; iterative, as a chain of 2,000 ANDs is 2,000 levels deep
+        return tuple(n for n in _operands(self.tree, exp.And) if not isinstance(n, exp.Or))
 
     def bounds(self, column: str) -> tuple[Bound, ...]:
         """Integer constraints on ``column`` (case-insensitive, at most one qualifier) in the top-level ANDs."""
@@ -345,13 +392,26 @@ def partition_hint(where: str | Where | None, column: str = "policy_version", bu
     return text.rstrip() + "".join(f" AND {h}" for h in hints) if hints else text
 
 
-@functools.lru_cache(maxsize=1024)
 def _parse(text: str, what: str, composed: bool = False) -> Where:
+    """``_parse_checked`` with its limits: the text's length is checked before it is tokenized (a
+    user's text; SQL the library composed around a checked where gets room for its own parts)."""
+    if len(text) > MAX_WHERE_CHARS * (2 if composed else 1):  # composed: a checked where + the samplers' parts
+        raise _too_long(text, what)
+    try:
+        return _parse_checked(text, what, composed)
+    except RecursionError:
+        raise _too_deep(text, what) from None
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_checked(text: str, what: str, composed: bool = False) -> Where:
     tokens = _tokens(text)
     if any(t.token_type == TokenType.SEMICOLON for t in tokens):
-        raise QueryError(f"{what} must be a single SQL expression (no ';'), got {text!r}")
+        raise QueryError(f"{what} must be a single SQL expression (no ';'), got {text[:200]!r}")
     if not tokens:
         return Where(None, None)
+    # composed SQL = a checked where (within the limits) + the samplers' own few levels and tokens
+    _check_size(tokens, text, what, composed)
     try:
         trees = _DIALECT.parser().parse(tokens, text)
     except ParseError as e:
@@ -492,9 +552,30 @@ class _RayBuild(_PyArrowBuild):
 
 
 def _balanced_or(build: _PyArrowBuild, terms: list) -> Any:
+    return _balanced(build.or_, terms)
+
+
+def _balanced(combine: Any, terms: list) -> Any:
+    """``combine`` over ``terms`` as a balanced tree (log depth: a long chain must not recurse deeply)."""
     while len(terms) > 1:
-        terms = [build.or_(terms[i], terms[i + 1]) if i + 1 < len(terms) else terms[i] for i in range(0, len(terms), 2)]
+        terms = [combine(terms[i], terms[i + 1]) if i + 1 < len(terms) else terms[i] for i in range(0, len(terms), 2)]
     return terms[0]
+
+
+def _operands(node: exp.Expression, op: type) -> list[exp.Expression]:
+    """The operands of a chain of ``op`` (AND or OR) in order, parentheses opened, without recursion."""
+    out: list[exp.Expression] = []
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        while isinstance(n, exp.Paren):
+            n = n.this
+        if isinstance(n, op):
+            stack.append(n.expression)  # popped after ``this``: the order stays left to right
+            stack.append(n.this)
+        else:
+            out.append(n)
+    return out
 
 
 def _number(text: str) -> int | float:
@@ -512,9 +593,9 @@ class _Translate:
         if isinstance(node, exp.Paren):
             return self.build(node.this)
         if isinstance(node, exp.And):
-            return b.and_(self.build(node.this), self.build(node.expression))
+            return _balanced(b.and_, [self.build(n) for n in _operands(node, exp.And)])
         if isinstance(node, exp.Or):
-            return b.or_(self.build(node.this), self.build(node.expression))
+            return _balanced(b.or_, [self.build(n) for n in _operands(node, exp.Or)])
         if isinstance(node, exp.Not):
             inner = node.this
             if isinstance(inner, exp.Is) and isinstance(inner.expression, exp.Null):  # x IS NOT NULL

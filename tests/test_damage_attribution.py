@@ -26,7 +26,9 @@ class _Stop(Exception):
 
 
 def _half_restored(tmp_path: Path) -> tuple[str, list[str], Path]:
-    """A lake with 8 commits of run ``RUN`` and a directory whose restore stopped after 2048 of 4096 rows."""
+    """A lake with 8 commits of run ``RUN`` and a directory whose restore stopped after 2048 of 4096 rows
+    (``restore="eager"``: these cases are about the copy of every row; a lazy resume reads only the
+    metadata columns, tests/test_open_metadata.py)."""
     lake = f"file://{tmp_path / 'lake'}"
     keys: list[str] = []
     with lb.ReplayBuffer.open(tmp_path / "src", lake=lake, snapshot_interval_s=0, memory_limit_mb=1, run_id=RUN) as src:
@@ -40,7 +42,7 @@ def _half_restored(tmp_path: Path) -> tuple[str, list[str], Path]:
 
     dst = tmp_path / "dst"
     with pytest.raises(_Stop):
-        lb.ReplayBuffer.open(dst, lake=lake, snapshot_interval_s=0, memory_limit_mb=1, run_id=RUN,
+        lb.ReplayBuffer.open(dst, lake=lake, snapshot_interval_s=0, memory_limit_mb=1, restore="eager", run_id=RUN,
                              progress=stop_half_way)
     return lake, keys, dst
 
@@ -67,7 +69,7 @@ def test_index_damage_met_while_resuming_a_restore_is_reported_as_the_index(tmp_
     lake, keys, dst = _half_restored(tmp_path)
     _flip_key_block(dst / "index")
     with pytest.raises(lb.CorruptionError) as err:
-        lb.ReplayBuffer.open(dst, lake=lake, snapshot_interval_s=0, memory_limit_mb=1)
+        lb.ReplayBuffer.open(dst, lake=lake, snapshot_interval_s=0, memory_limit_mb=1, restore="eager")
     msg = str(err.value)
     assert msg.startswith(f"the key index {dst / 'index'} is damaged"), msg  # the index, first
     assert f"lakebuffer fsck --repair {dst}" in msg
@@ -75,7 +77,7 @@ def test_index_damage_met_while_resuming_a_restore_is_reported_as_the_index(tmp_
     rep = fsck(dst, repair=True)  # the fix it names: rebuild the index, keeping the unfinished restore's mark
     assert any("rebuilt the index" in r for r in rep["repaired"])
     assert any("unfinished restore" in r for r in rep["repaired"])
-    with lb.ReplayBuffer.open(dst, lake=lake, snapshot_interval_s=0, memory_limit_mb=1) as buf:
+    with lb.ReplayBuffer.open(dst, lake=lake, snapshot_interval_s=0, memory_limit_mb=1, restore="eager") as buf:
         assert _keys(buf) == sorted(keys)  # resumed to the whole run, each row once: never half-open
 
 
@@ -87,10 +89,10 @@ def test_lake_damage_met_while_resuming_a_restore_is_reported_as_the_lake(tmp_pa
     data[len(data) // 2] ^= 0x01
     last.write_bytes(bytes(data))
     with pytest.raises(lb.CorruptionError) as err:
-        lb.ReplayBuffer.open(dst, lake=lake, snapshot_interval_s=0, memory_limit_mb=1)
+        lb.ReplayBuffer.open(dst, lake=lake, snapshot_interval_s=0, memory_limit_mb=1, restore="eager")
     msg = str(err.value)
     assert "interrupted" in msg and last.name in msg and "damaged lake file" in msg
     assert "key index" not in msg and "fsck" not in msg  # the index is fine: no index repair is asked for
     last.write_bytes(good)  # the lake file restored from a copy: the restore resumes
-    with lb.ReplayBuffer.open(dst, lake=lake, snapshot_interval_s=0, memory_limit_mb=1) as buf:
+    with lb.ReplayBuffer.open(dst, lake=lake, snapshot_interval_s=0, memory_limit_mb=1, restore="eager") as buf:
         assert _keys(buf) == sorted(keys)

@@ -46,19 +46,30 @@ def test_flipped_lake_parquet_fails_every_lake_read_path(tmp_path):
     assert "checksum" in str(e.value) and "Restore the file" in str(e.value)
     with pytest.raises(CorruptionError, match=victim.name):
         lb.ReplayBuffer.open_lake(lake, run_id="r").dataset().to_table()
-    # a buffer of another run over the damaged lake still opens, serves its own rows, and says why
-    # its lake views are not there
+    # a buffer of another run over the damaged lake still opens (open reads no lake data file) and serves
+    # its own rows; a query of its lake view reads the file and refuses, naming it
     with lb.ReplayBuffer.open(tmp_path / "b", lake=lake, run_id="other", **OPEN) as buf:
         mine = buf.push(make_rollouts(8, seed=5)).to_pylist()
         assert buf.get(mine, ["key"]).num_rows == 8
-        assert victim.name in buf.stats()["cold"]["last_error"]
+        with pytest.raises(CorruptionError, match=victim.name):
+            buf.sql("SELECT count(*) FROM lake")
 
 
 def test_restore_from_a_flipped_lake_file_is_refused(tmp_path):
-    lake, _, victim = _lake_with_one_file(tmp_path)
+    lake, keys, victim = _lake_with_one_file(tmp_path)
     flip(victim)
     with pytest.raises(CorruptionError, match=victim.name):
-        lb.ReplayBuffer.open(tmp_path / "fresh", lake=lake, run_id="r", **OPEN)
+        lb.ReplayBuffer.open(tmp_path / "fresh", lake=lake, run_id="r", restore="eager", **OPEN)
+    # a lazy resume reads the metadata columns only (their pages checked); a cold get reads only the pages
+    # of the rows it returns and checks their digests, so a read of every row and column meets the flipped
+    # byte and refuses, naming the file
+    try:
+        buf = lb.ReplayBuffer.open(tmp_path / "lazy", lake=lake, run_id="r", restore="cold", **OPEN)
+    except CorruptionError as e:  # the flipped byte was in a metadata page
+        assert victim.name in str(e)
+        return
+    with buf, pytest.raises(CorruptionError, match=victim.name):
+        buf.get(keys)
 
 
 # guarantee 5: one writer per (lake, run_id) --------------------------------------------------

@@ -158,7 +158,6 @@ def test_every_strategy_is_registered():
                                         "group", "episode", "segment", "team", "max_reuse", "priority"}
 
 
-@readers("local", "s3", "lakeview", why="a shard's TypeError reaches the caller as ShardError")
 def test_get_builds_by_name_with_options(buf):
     s = lb.samplers.get("freshness", max_lag=1, current_version=9)
     assert isinstance(s, lb.samplers.FreshnessSampler) and (s.max_lag, s.current_version) == (1, 9)
@@ -170,7 +169,6 @@ def test_get_builds_by_name_with_options(buf):
         buf.sample(2, sampler=s, max_lag=3)  # options go to the constructor, not with an instance
 
 
-@readers("local", "s3", "lakeview", why="the sampler registry is per process: Ray shards do not see a name registered here")
 def test_a_users_own_sampler_is_used_by_name(buf):
     class SmallestKeys(Sampler):
         def __init__(self, offset: int = 0):
@@ -215,7 +213,6 @@ def test_uniform_without_replacement_is_uniform(buf):
     assert together.var() / together.mean() < 1.3
 
 
-@readers("local", "s3", "lakeview", why="the sharded coordinator refuses n above the matching rows, even with replacement")
 def test_uniform_with_replacement_is_uniform(buf):
     population = [r["key"] for r in table(buf, POOL)]
     got = keys_of(buf, 24_000, where=POOL, seed=3, replacement=True)
@@ -247,7 +244,6 @@ def _version_counts(buf, keys) -> np.ndarray:
     return np.bincount([version[k] for k in keys], minlength=10)
 
 
-@readers("local", "s3", "lakeview", why="the sharded coordinator refuses n above the matching rows, even with replacement")
 def test_prioritized_time_frequencies_follow_the_weights(buf):
     weights = 2.0 ** (np.arange(10) / 2.0)  # half_life = 2 versions
     share = weights / weights.sum()
@@ -286,13 +282,11 @@ def test_freshness_never_returns_a_row_past_max_lag(buf, current, max_lag):
         buf.sample(10, sampler="freshness", max_lag=0, current_version=100)
 
 
-@readers("local", "s3", "lakeview", why="shards split n by matching rows, so a shard may be asked for more groups than it holds")
 def test_freshness_composes_with_another_base_sampler(buf):
     got = rows_of(buf, 10, sampler="freshness", max_lag=1, base="group", where=GRPO)
     assert len(got) == 80 and {r["policy_version"] for r in got} <= {8, 9}
 
 
-@readers("local", "s3", "lakeview", why="top/bottom fractions are quantiles of each shard, not of all rows")
 def test_reward_threshold_and_top_fraction(buf):
     got = rows_of(buf, 40, sampler="reward", min_reward=0.6, where=GRPO, seed=1)
     assert len(got) == 40 and all(r["reward"] >= np.float32(0.6) for r in got)
@@ -353,7 +347,6 @@ def test_group_returns_complete_groups_only(buf):
         assert all(run == sorted(run, key=lambda r: r["key"]) for run in runs)
 
 
-@readers("local", "s3", "lakeview", why="shards split n by matching rows and each rounds up to whole groups")
 def test_group_match_all_any_and_rows_unit(buf):
     rows = table(buf, GRPO)
     low = {r["group_id"] for r in rows if r["reward"] <= 0.15}
@@ -476,7 +469,6 @@ def test_max_reuse_with_a_payload_predicate_reads_live_counts(tmp_path):
 
 
 # --- priority --------------------------------------------------------------------------------------
-@readers("local", "s3", "lakeview", why="the sharded coordinator refuses n above the matching rows, even with replacement")
 def test_priority_frequencies_follow_priority_to_the_alpha(buf):
     pri = dict(sampler="priority", priority="policy_version", where=GRPO)
     got = keys_of(buf, 18_000, alpha=1.0, replacement=True, seed=8, **pri)
@@ -569,7 +561,6 @@ def test_bad_where_raises_query_error(buf, name):
         buf.sample(n, where="reward > 0; DROP TABLE meta", **opts)
 
 
-@readers("local", "s3", "lakeview", why="the sharded coordinator refuses n above the matching rows before allow_fewer/replacement apply")
 def test_not_enough_rows(buf):
     with pytest.raises(lb.NotEnoughRowsError):
         buf.sample(241, where=POOL)

@@ -81,6 +81,11 @@ def bounded_iter(items: Iterator[T], deadline: float | None, overdue: Callable[[
         stop.set()
 
 
+def deadline(timeout_s: float | None) -> float | None:
+    """The ``time.monotonic()`` deadline ``timeout_s`` from now (None: no bound)."""
+    return None if timeout_s is None else time.monotonic() + timeout_s
+
+
 def bounded_call(fn: Callable[[], T], deadline: float | None, overdue: Callable[[], BaseException],
                  name: str = "lakebuffer-read") -> T:
     """``fn()``, or ``overdue()`` once ``deadline`` passes while it runs (it keeps running on its

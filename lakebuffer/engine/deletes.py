@@ -1,8 +1,11 @@
 """Deletes across every store that holds a row: index, hot tier + WAL, warm tier, catalog, lake.
 
 Rows the lake already holds get a tombstone in the index; the next snapshot carries it, so the
-lake hides them too. Write-back is paused and drained first, so no batch moves between tiers
-while its rows are being removed.
+lake hides them too. Write-back is paused and the tasks queued before the delete are waited for,
+so no batch moves between tiers while its rows are being removed. A snapshot step may run
+meanwhile: rows of a batch it is uploading get tombstones, so what it read before the delete leaves
+the lake at the next snapshot. The read gate keeps a ``sample`` from selecting keys before the
+delete and fetching them after, and a snapshot from reading half of a batch's delete.
 """
 
 from __future__ import annotations
@@ -27,9 +30,12 @@ def delete(s: BufferState, budget: Budget, writeback: WriteBack, keys: Sequence[
         raise ValueError("delete needs keys=..., where=... or both (to delete everything, where='TRUE')")
     writeback.pause()
     try:
-        s.tasks.drain()
+        # what was queued before (write-backs, promotions) finishes first. Not a drain, which producers and
+        # back-to-back snapshot steps refill forever (deletes starved: 2 in 60 s), and not the snapshots:
+        # a step uploading now gets tombstones for what it read (``s.uploading``)
+        s.tasks.barrier(ignore="snapshot")
         s.tasks.check()
-        with budget.space:
+        with s.gate.exclusive(), budget.space:
             return _delete_locked(s, keys, where)
     finally:
         writeback.resume()
@@ -40,8 +46,9 @@ def _matching(s: BufferState, keys: Sequence[str] | pa.Array | None, where: str 
     if keys is not None:
         wanted = key_list(keys)
     if where is not None:
-        source = s.catalog.source_for(where)
-        t = s.catalog.query(s.catalog.render("select_keys", source=source, where=predicate.check(where)))
+        pred = predicate.check(where)  # the user's strict check (and its limits) first
+        source = s.catalog.source_for(pred)
+        t = s.catalog.query(s.catalog.render("select_keys", source=source, where=pred))
         matched = t.column("key").to_pylist()
         wanted = matched if keys is None else sorted(set(wanted) & set(matched))
     return wanted
@@ -77,8 +84,8 @@ def _delete_locked(s: BufferState, keys, where) -> int:
         else:
             warm_gone.extend(removed)
             warm_parts.add(info.fragment)
-        if info.snapshot is not None:
-            s.index.add_tombstones(removed)  # the lake holds them: the next snapshot hides them
+        if info.snapshot is not None or bid in s.uploading:
+            s.index.add_tombstones(removed)  # the lake holds (or a step is uploading) them: the next snapshot hides them
         s.index.rewrite_batch(info, removed, positions, new_meta)
         if info.rows == 0:
             s.batches.pop(bid)

@@ -13,6 +13,12 @@ recovery drops (``recovery.unexplained_fragments``): nothing is lost or seen twi
 A batch not yet in the lake never leaves: the push first snapshots (so its predecessors become
 droppable); if the lake cannot take it (unreachable, damaged) and the budget is still passed, the
 push raises ``BackpressureError`` and stores nothing.
+
+That synchronous path is the back-pressure, not the steady state: past a high watermark
+(``HIGH_WATER`` of ``disk_limit_gb``) a push queues the same relief on a background worker (p1, once
+at a time), which moves committed fragments out down to the low watermark (``LOW_WATER``) and, when
+too little is committed to get there, starts a snapshot (p0) and checks again when it lands. So while
+the lake keeps up, a push finds room waiting and does not wait for the lake (issue 23 item 4).
 """
 
 from __future__ import annotations
@@ -20,15 +26,18 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from ..errors import BackpressureError, LakeBufferError
+from ..errors import BackpressureError, LakeBufferError, WorkerError
 from ..index import BatchInfo
 from ..tiers.cold import ColdTier
 from .state import BufferState
+from .tasks import P1
 
 log = logging.getLogger("lakebuffer")
 
@@ -36,6 +45,10 @@ GB = 2**30
 #: the default free-space floor: this much, or FLOOR_FRACTION of the filesystem when that is less
 FLOOR_BYTES = 1 * GB
 FLOOR_FRACTION = 0.05
+#: past this share of ``disk_limit_gb`` committed fragments start leaving in the background ...
+HIGH_WATER = 0.75
+#: ... until usage is back under this share
+LOW_WATER = 0.55
 
 
 def dir_bytes(path: Path) -> int:
@@ -86,6 +99,12 @@ class DiskBudget:
             floor_bytes = min(FLOOR_BYTES, int(shutil.disk_usage(s.path).total * FLOOR_FRACTION))
         self.floor = floor_bytes
         self._snapshot = snapshot
+        self.snapshot_ahead: Callable[[], Any] | None = None  # queue a snapshot (a future), set by the buffer
+        self._ahead_lock = threading.Lock()
+        self._ahead_queued = False
+        self._snap_future: Any = None  # the snapshot started ahead, while it runs
+        self.ahead_runs = 0  # background reliefs run (stats)
+        self.waits = 0  # pushes that found no room and relieved (or snapshotted) on their own thread
         self.moved_fragments = 0
         self._scores: dict[int, float | None] = {}  # fragment -> keep priority (evict=), scored once
 
@@ -106,17 +125,62 @@ class DiskBudget:
 
     def stats(self) -> dict:
         return {"limit_bytes": self.limit, "free_floor_bytes": self.floor, "used_bytes": self.usage(),
-                "free_bytes": shutil.disk_usage(self.s.path).free, "fragments_moved_to_lake": self.moved_fragments}
+                "free_bytes": shutil.disk_usage(self.s.path).free, "fragments_moved_to_lake": self.moved_fragments,
+                "background_reliefs": self.ahead_runs, "pushes_waited": self.waits}
+
+    # ahead of the limit (watermarks) ----------------------------------------------------------
+    def ahead(self, extra: int = 0) -> None:
+        """After a push: past the high watermark, queue one background relief (see the module)."""
+        if self.limit is None or self.usage() + extra <= HIGH_WATER * self.limit:
+            return
+        with self._ahead_lock:
+            if self._ahead_queued:
+                return
+            self._ahead_queued = True
+        try:
+            self.s.tasks.submit(P1, self._relieve_ahead, name="disk relief ahead", surface=False)
+        except WorkerError:  # closing: the next push's admission does it synchronously
+            with self._ahead_lock:
+                self._ahead_queued = False
+
+    def _relieve_ahead(self) -> None:
+        try:
+            low = int(LOW_WATER * self.limit)
+            for frag, infos in self.droppable():
+                if self.usage() <= low:
+                    break
+                self.demote(frag, infos)
+            self.ahead_runs += 1
+            if self.usage() > low and self.snapshot_ahead is not None:
+                fut = self._snap_future
+                if fut is None or fut.done():  # too little is committed: start the next snapshot now
+                    self._snap_future = fut = self.snapshot_ahead()
+                    fut.add_done_callback(lambda f: f.exception() is None and self.ahead())  # then look again
+        except Exception as e:  # noqa: BLE001 - optional work: the push's admission still enforces the limit
+            log.warning("background disk relief failed (the next push relieves synchronously): %s", e)
+        finally:
+            with self._ahead_lock:
+                self._ahead_queued = False
 
     # the push's admission ----------------------------------------------------------------------
     def admit(self, nbytes: int) -> None:
         """Make room for a push of ``nbytes`` (see the module); ``BackpressureError`` if there is none."""
         if not self.short(nbytes):
             return
+        self.waits += 1
         try:
             self.relieve(nbytes)
             if not self.short(nbytes):
                 return
+            fut = self._snap_future
+            if fut is not None and not fut.done():  # a snapshot started ahead: its commit frees the most
+                try:
+                    fut.result()
+                except Exception:  # noqa: BLE001 - the synchronous snapshot below reports the lake's error
+                    pass
+                self.relieve(nbytes)
+                if not self.short(nbytes):
+                    return
             self._snapshot()  # what is not in the lake cannot leave: put it there first
             self.relieve(nbytes)
         except LakeBufferError as e:

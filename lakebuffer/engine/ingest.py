@@ -59,6 +59,8 @@ class Ingest:
             self._push_direct(table)
         else:
             self._push_hot(table, nbytes)
+        if self.disk is not None:
+            self.disk.ahead(nbytes)  # past the high watermark: room is made in the background
         return table.column("key").combine_chunks()
 
     # validation ----------------------------------------------------------------------------

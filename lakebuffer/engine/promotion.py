@@ -44,11 +44,20 @@ class ColdPromotion:
         self.promoted = 0  # batches moved back to the warm tier by this process
         self._queued: set[int] = set()
         self._lock = threading.Lock()
+        self._stopped = False
+
+    def stop(self) -> None:
+        """The buffer is closing: queued promotions end at once (their batches stay cold, nothing lost)."""
+        self._stopped = True
 
     def note(self, batch_ids: Iterable[int]) -> None:
         """Cold batches a read was served from: queue each one's promotion (once while queued)."""
-        if not self.enabled:
-            return
+        if self.enabled:
+            self.warm(batch_ids)
+
+    def warm(self, batch_ids: Iterable[int]) -> None:
+        """Queue the promotion of these cold batches, in this order, whatever ``enabled`` says (a lazy
+        resume warms its batches in the background, ``engine/resume``); each one only if it fits."""
         with self._lock:
             new = [b for b in dict.fromkeys(int(b) for b in batch_ids) if b not in self._queued]
             self._queued.update(new)
@@ -61,7 +70,8 @@ class ColdPromotion:
 
     def _run(self, batch_id: int) -> None:
         try:
-            self.promote(batch_id)
+            if not self._stopped:
+                self.promote(batch_id)
         except Exception as e:  # noqa: BLE001 - optional work: the rows stay cold and readable, a later read retries
             log.warning("cold batch %d stays in the lake: %s", batch_id, e)
         finally:

@@ -25,6 +25,11 @@ from .state import BufferState
 
 def get(s: BufferState, keys: Sequence[str] | pa.Array, columns: Sequence[str] | None) -> pa.Table:
     """Rows for ``keys`` in the order given, with only ``columns`` read (all if None)."""
+    with s.gate.shared():  # a delete waits for the whole read (its warm/cold takes run outside the lock)
+        return _get(s, keys, columns)
+
+
+def _get(s: BufferState, keys: Sequence[str] | pa.Array, columns: Sequence[str] | None) -> pa.Table:
     keys = key_list(keys)
     cols, fetch = projection(s.schema, columns)
     if cols and "sample_count" not in cols:
@@ -143,7 +148,14 @@ def _in_order(parts: list[pa.Table], order: list[np.ndarray], schema: pa.Schema)
 
 
 def read_batch(s: BufferState, bid: int) -> pa.Table | None:
-    """Every live row of one batch, all columns, with live replay counts (for snapshots)."""
+    """Every live row of one batch, all columns, with live replay counts (for snapshots).
+
+    Under the read gate: a delete blanking warm rows cannot land between the lookup and the take."""
+    with s.gate.shared():
+        return _read_batch(s, bid)
+
+
+def _read_batch(s: BufferState, bid: int) -> pa.Table | None:
     with s.lock:
         info = s.batches.get(bid)
         if info is None:

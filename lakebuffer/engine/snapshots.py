@@ -25,6 +25,7 @@ import pyarrow as pa
 from ..errors import CorruptionError, LakeError
 from ..lake import Lake
 from ..schema import conform_restored
+from . import resume
 from .deadline import bounded_call, bounded_iter
 from .reads import read_batch
 from .state import BufferState
@@ -34,6 +35,7 @@ from .writeback import FragmentInstaller
 log = logging.getLogger("lakebuffer")
 
 RESTORING = "restoring"  # index setting: the snapshot id of a restore not yet complete
+PENDING = b"pending"  # its value before a fresh directory has read the lake (which snapshot is unknown yet)
 
 _SNAPSHOT_THREAD: ThreadPoolExecutor | None = None
 _SNAPSHOT_THREAD_LOCK = threading.Lock()
@@ -100,8 +102,10 @@ class Snapshots:
                  interval_s: float | None, *, lake_error: CorruptionError | None = None,
                  storage_options: dict | None = None, max_rows: int | None = None,
                  max_bytes: int | None = None, timeout_s: float | None = None,
-                 lake_settings: dict[str, Any] | None = None) -> None:
+                 lake_settings: dict[str, Any] | None = None, restore: str = "eager") -> None:
         self.s = state
+        self.restore_mode = restore  # "eager": copy every row; "lazy"/"cold": index them as cold (engine/resume)
+        self.resumed: list[int] = []  # cold batches a lazy resume indexed (the buffer warms them)
         self.lake_settings = dict(lake_settings or {})
         self.lake = lake
         self.lake_url = lake_url
@@ -189,7 +193,8 @@ class Snapshots:
                     continue
                 self._pending = True
             try:
-                self.s.tasks.submit(P0, self._periodic, name="periodic snapshot", surface=False)
+                self.s.tasks.submit(P0, self._periodic, name="periodic snapshot", surface=False,
+                                        kind="snapshot")
             except Exception:  # noqa: BLE001 - the queue is closing
                 return
 
@@ -203,7 +208,8 @@ class Snapshots:
         finally:
             if again:
                 try:
-                    self.s.tasks.submit(P0, self._periodic, name="periodic snapshot", surface=False)
+                    self.s.tasks.submit(P0, self._periodic, name="periodic snapshot", surface=False,
+                                        kind="snapshot")
                 except Exception:  # noqa: BLE001 - the queue is closing
                     again = False
             if not again:
@@ -218,7 +224,8 @@ class Snapshots:
     # snapshot ------------------------------------------------------------------------------
     def submit(self, progress: Any = None):
         """Queue a snapshot (p0); the future holds its manifest or its error."""
-        return self.s.tasks.submit(P0, lambda: self.snapshot_now(progress), name="snapshot", surface=False)
+        return self.s.tasks.submit(P0, lambda: self.snapshot_now(progress), name="snapshot", surface=False,
+                                   kind="snapshot")
 
     def snapshot_now(self, progress: Any = None, steps: int | None = None) -> dict | None:
         """Commit what is new, in steps of bounded size (``steps=None``: until every batch stored
@@ -281,7 +288,16 @@ class Snapshots:
             pending = self._step(behind)
             tombstones = s.index.tombstones()
             next_seq = s.index.next_seq
-        more = len(pending) < len(behind)
+            s.uploading.update(pending)  # a delete meanwhile tombstones their rows (engine/deletes)
+        try:
+            return self._upload(progress, pending, tombstones, next_seq, len(pending) < len(behind), cancel)
+        finally:
+            with s.lock:
+                s.uploading.difference_update(pending)
+
+    def _upload(self, progress: Any, pending: list[int], tombstones: list, next_seq: int, more: bool,
+                cancel: threading.Event | None) -> tuple[dict | None, bool]:
+        s = self.s
         if not pending and not tombstones:
             return None, False
         lake = self._lake()
@@ -383,6 +399,8 @@ class Snapshots:
         marker = s.index.get_setting(RESTORING)
         if not fresh and marker is None:
             return
+        if marker == PENDING:  # a fresh directory that has not read the lake yet
+            marker, fresh = None, True
         deadline = time.monotonic() + self.timeout_s if self.timeout_s else None
         overdue = lambda: self._overdue("restore")  # noqa: E731
         try:
@@ -394,16 +412,29 @@ class Snapshots:
         except (LakeError, CorruptionError) as e:
             if marker is not None:
                 raise self._interrupted(None, None, e) from e
-            self._last["error"] = str(damaged_lake(self.lake_url, e) if isinstance(e, CorruptionError) else e)
-            log.warning("cannot check the lake for run %r to restore: %s", s.run_id, e)
-            return
+            raise self._unreadable(e) from e
         if manifest is None:
+            if s.index.get_setting(RESTORING) == PENDING:
+                s.index.delete_setting(RESTORING)  # the lake holds nothing of the run: a new run
             return
         sid = manifest["snapshot_id"]
         s.index.set_next_seq(int(manifest.get("meta", {}).get("next_seq", 0)))  # before any push
         s.index.put_setting(RESTORING, str(sid).encode())
         total = sum(int(f["rows"]) for f in manifest["files"])
         done = 0
+        if self.restore_mode != "eager":  # engine/resume: the metadata columns only, rows stay cold
+            groups = bounded_iter(resume.read_meta(lake, manifest, s.meta_columns), deadline, overdue,
+                                  name="lakebuffer-resume")
+            try:  # nothing is served until it completes; only what the lake raised is the lake's
+                self.resumed = resume.index_cold(s, resume.lake_side(groups), sid, total, progress)
+            except resume.LakeSide as e:
+                raise self._interrupted(None, total, e.error) from e.error
+            except CorruptionError as e:
+                raise self._local_damage(e) from e
+            finally:
+                groups.close()
+            self._restored(sid, total)
+            return
         # the deadline bounds every wait for the lake, also a read that stalls inside one batch
         stream = bounded_iter(lake.scan_batches(s.run_id, snapshot_id=sid), deadline, overdue,
                               name="lakebuffer-restore")
@@ -432,10 +463,15 @@ class Snapshots:
                     progress(done, total)
         finally:
             stream.close()
+        self._restored(sid, done)
+
+    def _restored(self, sid: int, rows: int) -> None:
+        s = self.s
         s.index.put_setting("last_snapshot", str(sid).encode())
         s.index.delete_setting(RESTORING)
         self._last.update(id=sid, at=None, error=None)
-        log.info("restored %d rollouts of run %r from %s (snapshot %s)", done, s.run_id, self.lake_url, sid)
+        log.info("restored %d rollouts of run %r from %s (snapshot %s, %s)", rows, s.run_id, self.lake_url, sid,
+                 self.restore_mode)
 
     def _interrupted(self, done: int | None, total: int | None, e: Exception) -> LakeError | CorruptionError:
         """The refusal of a restore the lake interrupted; a damaged lake file stays a ``CorruptionError``."""
@@ -446,6 +482,17 @@ class Snapshots:
             f"the restore of run {self.s.run_id!r} into {self.s.path} from {self.lake_url} was interrupted{where} "
             f"({e}); nothing is served until it completes: open the buffer again {when} "
             f"(the restore resumes where it stopped), or delete {self.s.path} to give it up")
+
+    def _unreadable(self, e: Exception) -> LakeError:
+        """The refusal of a fresh directory's resume while the lake cannot be read (issue 24): opening
+        empty would serve none of the run's rows and generate keys the lake already holds."""
+        what = "is damaged" if isinstance(e, CorruptionError) else "cannot be read"
+        return LakeError(
+            f"cannot resume run {self.s.run_id!r} into {self.s.path}: the lake {self.lake_url} {what} ({e}), so "
+            "which rows and keys the run already has is unknown. Nothing is served and no key is generated until "
+            "the lake reads: repair or restore its _delta_log from a copy (`lakebuffer fsck` names damaged files) "
+            f"or make it reachable, then open again (the directory stays a fresh resume); or open with another "
+            "run_id to start a new run")
 
     def _local_damage(self, e: CorruptionError) -> CorruptionError:
         """The refusal of a restore whose local side (the key index, the warm tier) is damaged: the

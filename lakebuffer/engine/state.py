@@ -19,6 +19,7 @@ from ..catalog import Catalog
 from ..index import BatchInfo, KeyIndex
 from ..tiers import HotTier, WarmTier, WriteAheadLog
 from ..tiers.cold import ColdTier
+from .readgate import ReadGate
 from .tasks import TaskQueue
 
 
@@ -40,6 +41,10 @@ class BufferState:
     cold: ColdTier | None = None  # rows only the lake holds (``engine/diskbudget`` moves them there)
     served: dict[str, int] = field(default_factory=lambda: {"hot": 0, "warm": 0, "cold": 0})  # rows ``get`` read, per tier
     on_cold_read: Callable[[list[int]], None] | None = None  # told the cold batches a read served (promotion)
+    gate: ReadGate = field(default_factory=ReadGate)  # sample/get shared, delete exclusive (engine/readgate)
+    #: batches a snapshot step is uploading now (``engine/snapshots``): a delete of their rows leaves a
+    #: tombstone, as for snapshotted rows, so rows the step read before the delete leave the lake next time
+    uploading: set[int] = field(default_factory=set)
 
     def meta_of(self, batch_id: int, table: pa.Table) -> pa.Table:
         """The catalog rows of a batch: its metadata columns plus ``_batch``."""

@@ -33,6 +33,8 @@ class _Task:
     queued_at: float
     surface: bool = True
     future: Future = field(default_factory=Future)
+    seq: int = 0
+    kind: str = ""
 
 
 class _Latency:
@@ -69,6 +71,8 @@ class TaskQueue:
         self._error: BaseException | None = None
         self._error_task = ""
         self._latency = (_Latency(), _Latency())
+        self._submitted = 0  # sequence number of the last task queued
+        self._open: dict[int, str] = {}  # sequence number -> kind, of tasks queued or running (``barrier``)
         self._threads = [
             threading.Thread(target=self._loop, name=f"{name}-worker-{i}", daemon=True) for i in range(workers)
         ]
@@ -79,16 +83,20 @@ class TaskQueue:
         for t in self._threads:  # at interpreter exit, no worker may still be inside delta-rs / Arrow
             runtime.register_thread(t, self.abandon)
 
-    def submit(self, priority: int, fn: Callable[[], Any], name: str = "", surface: bool = True) -> Future:
+    def submit(self, priority: int, fn: Callable[[], Any], name: str = "", surface: bool = True,
+               kind: str = "") -> Future:
         """Queue ``fn``; its Future carries the result or the exception.
 
         ``surface=False`` for tasks whose caller handles the failure itself (waits on the future,
         or records it), so it is not raised a second time by ``check()``.
         """
-        task = _Task(fn, name or getattr(fn, "__name__", "task"), time.perf_counter(), surface)
+        task = _Task(fn, name or getattr(fn, "__name__", "task"), time.perf_counter(), surface, kind=kind)
         with self._cv:
             if self._stopping:
                 raise WorkerError("the task queue is stopped")
+            self._submitted += 1
+            task.seq = self._submitted
+            self._open[task.seq] = kind
             self._queues[priority].append(task)
             self._cv.notify()
         return task.future
@@ -130,6 +138,7 @@ class TaskQueue:
                 self._latency[prio].add(time.perf_counter() - task.queued_at)
                 with self._cv:
                     self._running -= 1
+                    self._open.pop(task.seq, None)
                     self._cv.notify_all()
 
     def check(self) -> None:
@@ -146,6 +155,20 @@ class TaskQueue:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cv:
             while self._queues[0] or self._queues[1] or self._running:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cv.wait(left)
+        return True
+
+    def barrier(self, ignore: str | None = None, timeout: float | None = None) -> bool:
+        """Wait until every task queued before this call has run, except those of kind ``ignore``
+        (later ones may still be queued: unlike ``drain``, busy producers cannot keep it waiting);
+        False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cv:
+            last = self._submitted
+            while any(seq <= last and kind != ignore for seq, kind in self._open.items()):
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
@@ -170,6 +193,8 @@ class TaskQueue:
             dropped = [t for q in self._queues for t in q]
             for q in self._queues:
                 q.clear()
+            for t in dropped:
+                self._open.pop(t.seq, None)
             self._stopping = True
             self._cv.notify_all()
         for task in dropped:
@@ -181,5 +206,15 @@ class TaskQueue:
         with self._cv:
             self._stopping = True
             self._cv.notify_all()
+        self._join()
+
+    def stop(self) -> None:
+        """Stop without draining (a failed open or close): queued tasks are dropped (their work is
+        durable locally and redone at the next open), the running one finishes, the workers end."""
+        self.abandon()
+        self._join()
+
+    def _join(self) -> None:
         for t in self._threads:
-            t.join()
+            if t is not threading.current_thread():
+                t.join()

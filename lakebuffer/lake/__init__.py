@@ -44,6 +44,9 @@ directory is created at the first write.
 Package layout (one job per module; ``ColdStore`` below is the interface the rest of lakebuffer uses):
 
 * ``table``       ``Lake``: composes the parts below and implements ``ColdStore``.
+* ``commit``      the snapshot commit (write, copy-on-write delete, one Delta version, a lost reply).
+* ``entries``     live files of the Delta log as entries; the add/remove actions (below table, commit, maintenance).
+* ``parts``       ``LakeParts``: the lake's parts the functions of ``commit`` and ``maintenance`` use.
 * ``delta``       the Delta log: open, commit (app transactions, commit documents), storage options.
 * ``fs``          fsspec plumbing: URL -> filesystem, root-relative paths, error mapping, exclusive put.
 * ``s3``          raw S3 calls (bucket probe, stale multipart uploads).

@@ -1,8 +1,8 @@
 """Lake maintenance: verify, compact (Delta compaction), gc (Delta vacuum) and aborting a crashed
 writer's multipart uploads.
 
-Functions over a ``Lake`` rather than a mixin: they are policies over the lake's public parts
-(``store``, ``delta``, ``options``) and keep no state of their own. ``Lake`` checks writability and
+Functions over a lake's parts (``LakeParts``) rather than a mixin: they are policies over the lake's public
+parts (``store``, ``delta``, ``options``) and keep no state of their own. ``Lake`` checks writability and
 delegates here.
 
 Why compaction does not call ``DeltaTable.optimize.compact()``: delta-rs rewrites with its own writer,
@@ -24,29 +24,25 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from deltalake.exceptions import CommitFailedError
 
 from ..errors import CorruptionError, LakeBufferError, LakeError
 from ..schema import cast_to
 from . import s3
+from .entries import add_action, entries_of, remove_action
 from .layout import TOKEN_TIME, check_run_id
+from .parts import LakeParts
 from .reader import FileReader, read_group, stream_problem
 from .rows import schema_from_b64, without
 from .writer import Writer
 
-if TYPE_CHECKING:
-    from .table import Lake
-
 _TOTALS = ("files_before", "files_after", "rows_before", "rows_after", "bytes_before", "bytes_after", "files_rewritten", "files_written", "delete_files_applied")
 
 
-def verify(lake: Lake, run_id: str | None = None) -> dict:
+def verify(lake: LakeParts, run_id: str | None = None) -> dict:
     """Check size and sha256 (from its name) of every live file of the table (or of one run);
     ``CorruptionError`` naming every bad or missing file, else a summary."""
-    from .table import entries_of
-
     bad: list[str] = []
     nfiles = nbytes = 0
     dt = lake.delta.table()
@@ -80,9 +76,7 @@ def _plan(entries: list[dict], target_file_bytes: int, small_file_fraction: floa
     return chosen
 
 
-def _compact_run(lake: Lake, r: str, target_file_bytes: int, small_file_fraction: float, tick: Callable[[int], None]) -> dict:
-    from .table import _add, _remove, entries_of
-
+def _compact_run(lake: LakeParts, r: str, target_file_bytes: int, small_file_fraction: float, tick: Callable[[int], None]) -> dict:
     dt = lake.delta.table()
     before = entries_of(dt, r)
     rs = {
@@ -119,8 +113,8 @@ def _compact_run(lake: Lake, r: str, target_file_bytes: int, small_file_fraction
         committing = True  # a failure now may leave a landed commit: keep the files
         lake.delta.commit(  # no app transaction: compaction is no snapshot of the run
             dt,
-            adds=[_add(e, r, data_change=False) for e in entries],
-            removes=[_remove(f, data_change=False) for f in chosen],
+            adds=[add_action(e, r, data_change=False) for e in entries],
+            removes=[remove_action(f, data_change=False) for f in chosen],
             schema=schema if schema is not None else lake.schema(r),
             doc={"run_id": r, "operation": "compact", "summary": {"target_file_bytes": target_file_bytes}},
             txn=None,
@@ -146,15 +140,13 @@ def _compact_run(lake: Lake, r: str, target_file_bytes: int, small_file_fraction
 
 
 def compact(
-    lake: Lake,
+    lake: LakeParts,
     run_id: str | None,
     target_file_bytes: int,
     progress: Callable[[int, int], None] | None,
     small_file_fraction: float,
 ) -> dict:
     """See ``Lake.compact``."""
-    from .table import entries_of
-
     runs = [check_run_id(run_id)] if run_id is not None else lake.runs()
     stats: dict = {"runs": {}, **{k: 0 for k in _TOTALS}}
     dt = lake.delta.table()
@@ -179,7 +171,7 @@ def compact(
     return stats
 
 
-def gc(lake: Lake, older_than_s: float) -> int:
+def gc(lake: LakeParts, older_than_s: float) -> int:
     """See ``Lake.gc``: ``DeltaTable.vacuum(full=True)`` with a retention of ``older_than_s`` rounded up
     to whole hours (vacuum's unit; never shorter than asked), plus the stale multipart uploads."""
     cutoff = time.time() - float(older_than_s)
@@ -196,12 +188,12 @@ def gc(lake: Lake, older_than_s: float) -> int:
     return removed + abort_stale_uploads(lake, cutoff)
 
 
-def _data_objects(lake: Lake) -> set[str]:
+def _data_objects(lake: LakeParts) -> set[str]:
     """Every data object under the lake (the Delta log and lakebuffer's own folders excluded)."""
     return {p for p in lake.store.find(what="listing the lake's files") if "/_delta_log/" not in p and "/_writers/" not in p}
 
 
-def abort_stale_uploads(lake: Lake, cutoff: float) -> int:
+def abort_stale_uploads(lake: LakeParts, cutoff: float) -> int:
     """S3: abort multipart uploads of our data files started before ``cutoff`` (a crashed writer's)."""
     store = lake.store
     if not s3.can_call(store.fs, store.protocol):

@@ -11,8 +11,6 @@ decodes them (``page_checksum_verification``), the footer is not.
 from __future__ import annotations
 
 import bisect
-import hashlib
-import logging
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -21,39 +19,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import CorruptionError
+from .checksums import check_bytes, stream_problem
 from .fs import LakeFS
-from .layout import sha256_of
 from .options import LakeOptions
 from .verified import mark_verified
 
-log = logging.getLogger("lakebuffer")
-
-
-_WARNED: set[str] = set()
-
-
-def _warn_unverifiable(path: str) -> None:
-    if path not in _WARNED:
-        _WARNED.add(path)
-        log.warning("lake file %s was not written by lakebuffer (no sha256 in its name): read unverified", path)
-
-
-def check_bytes(entry: dict, data: bytes | memoryview) -> str | None:
-    """What is wrong with ``data`` as the file ``entry`` (size from the Delta log, sha256 from the
-    file's name) describes, or None."""
-    if len(data) != int(entry["bytes"]):
-        return f"{len(data)} bytes, the Delta log says {entry['bytes']}"
-    want = entry.get("sha256") or sha256_of(entry["path"])
-    if not want:
-        # written by another Delta writer (e.g. an OPTIMIZE run with Spark): nothing to check it
-        # against; its Parquet page checksums, if it has any, are still verified on ranged reads
-        _warn_unverifiable(entry["path"])
-        return None
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != want:
-        return f"sha256 {digest}, its name says {want}"
-    return None
-
+# check_bytes, stream_problem live in checksums.py (verified.py needs them too); callers may import them here
 
 check_whole = check_bytes
 
@@ -85,27 +56,6 @@ def fetch(store: LakeFS, entry: dict, *, verify: bool) -> bytes:
             raise _failed(store, rel, problem)
         mark_verified(store, [entry])  # the dataset paths need not read it again in this process
     return data
-
-
-def stream_problem(store: LakeFS, entry: dict, chunk_bytes: int = 8 * 2**20) -> str | None:
-    """``check_bytes`` of a file read in chunks (memory: one chunk); ``FileNotFoundError`` if missing."""
-    rel = entry["path"]
-    want = entry.get("sha256") or sha256_of(rel)
-    h = hashlib.sha256()
-    size = 0
-    # through fsspec, like every whole-file read: Arrow's S3 client used from a background thread
-    # hung processes at exit (tests/test_exit_safety.py, 1 of 12 S3 buffer children)
-    with store.io(f"reading {rel}", store.fs.open, store.abs(rel), "rb", block_size=chunk_bytes) as f:
-        while chunk := store.io(f"reading {rel}", f.read, chunk_bytes):
-            h.update(chunk)
-            size += len(chunk)
-    if size != int(entry["bytes"]):
-        return f"{size} bytes, the Delta log says {entry['bytes']}"
-    if not want:
-        _warn_unverifiable(rel)
-        return None
-    digest = h.hexdigest()
-    return None if digest == want else f"sha256 {digest}, its name says {want}"
 
 
 def open_streamed(store: LakeFS, entry: dict, *, verify: bool) -> pq.ParquetFile:

@@ -241,9 +241,9 @@ _S3_KEYS = {
 }
 
 
-def s3_filesystem(storage_options: dict[str, Any] | None = None) -> pafs.S3FileSystem:
-    """A native ``pyarrow.fs.S3FileSystem`` from fsspec-style (``key``, ``endpoint_url``, ``client_kwargs``)
-    or object-store-style (``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``, ...) options."""
+def s3_settings(storage_options: dict[str, Any] | None) -> dict[str, Any]:
+    """fsspec-style or object-store-style S3 options as ``access_key``, ``secret_key``, ``session_token``,
+    ``region``, ``endpoint`` (whichever are given): what a native S3 client is built from."""
     flat: dict[str, Any] = {}
     for k, v in (storage_options or {}).items():
         if k == "client_kwargs" and isinstance(v, dict):
@@ -252,6 +252,13 @@ def s3_filesystem(storage_options: dict[str, Any] | None = None) -> pafs.S3FileS
                     flat.setdefault(_S3_KEYS[ck.lower()], cv)
         elif k.lower() in _S3_KEYS and v is not None:
             flat[_S3_KEYS[k.lower()]] = v
+    return flat
+
+
+def s3_filesystem(storage_options: dict[str, Any] | None = None) -> pafs.S3FileSystem:
+    """A native ``pyarrow.fs.S3FileSystem`` from fsspec-style (``key``, ``endpoint_url``, ``client_kwargs``)
+    or object-store-style (``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``, ...) options."""
+    flat = s3_settings(storage_options)
     kw: dict[str, Any] = {k: flat[k] for k in ("access_key", "secret_key", "session_token", "region") if k in flat}
     endpoint = flat.get("endpoint")
     if endpoint:

@@ -10,43 +10,31 @@ snapshot commits, plus that commit's lakebuffer document (``snapshot_id``, ``ver
 from __future__ import annotations
 
 import contextlib
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
-from urllib.parse import unquote
 
 import fsspec
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 from deltalake import DeltaTable
-from deltalake.exceptions import CommitFailedError
-from deltalake.transaction import AddAction, RemoveAction
 
-from ..errors import (
-    LakeBufferError,
-    LakeDiskFullError,
-    LakeError,
-    LockedError,
-    OldLakeFormatError,
-    ReadOnlyError,
-    SchemaError,
-    is_disk_full,
-)
+from ..errors import LakeError, OldLakeFormatError, ReadOnlyError, SchemaError
 from ..predicate import partition_hint
 from ..resources import render_sql
-from ..schema import PARTITIONING, ROLLOUT_SCHEMA, cast_to, key_array
-from . import maintenance
+from ..schema import PARTITIONING, ROLLOUT_SCHEMA
+from ..tiers.base import DeferredDataset
+from . import commit, maintenance
 from .claims import WriterClaims
 from .delta import DeltaLog, app_id
+from .entries import entries_of
 from .fs import LakeFS
-from .layout import DELTA_LOG, OLD_FORMAT_MARKERS, PARTITION_FIELDS, MiB, check_run_id, now, sha256_of, snapshot_of
+from .layout import DELTA_LOG, OLD_FORMAT_MARKERS, PARTITION_FIELDS, MiB, check_run_id
 from .options import LakeOptions
-from .reader import FileReader, holds_any, key_range_hit, open_verified, read_group
-from .rows import iter_input, schema_from_b64, schema_to_b64, with_run_id, without, without_columns
-from .verified import mark_verified, verify_entries
+from .reader import FileReader, read_group
+from .rows import schema_from_b64, with_run_id
+from .verified import verify_entries
 from .writer import Writer
 
 EMPTY_KEYS = pa.array([], pa.string())
@@ -67,54 +55,6 @@ def _option(name: str) -> property:
         self.options = replace(self.options, **{name: value})
 
     return property(get, set_, doc=f"``LakeOptions.{name}``")
-
-
-def entries_of(dt: DeltaTable | None, run_id: str | None = None) -> list[dict]:
-    """The live data files of ``dt`` (of one run, or all) as entries: path (relative), run_id,
-    policy_bucket, rows, bytes, sha256 (from the name), snapshot_id (from the name), key and
-    policy_version ranges (from the Delta stats)."""
-    if dt is None:
-        return []
-    t = pa.table(dt.get_add_actions(flatten=True))
-    if t.num_rows == 0:
-        return []
-    if run_id is not None:
-        t = t.filter(pc.equal(t.column("partition.run_id"), run_id))
-    cols = {n: t.column(n).to_pylist() for n in t.column_names if n in (
-        "path", "size_bytes", "num_records", "partition.run_id", "partition.policy_bucket",
-        "min.key", "max.key", "min.policy_version", "max.policy_version")}
-    out = []
-    for i, logged in enumerate(cols["path"]):
-        path = unquote(logged)  # get_add_actions gives the log's URI-encoded path
-        out.append({
-            "path": path,
-            "run_id": cols["partition.run_id"][i],
-            "policy_bucket": int(cols["partition.policy_bucket"][i]),
-            "rows": cols.get("num_records", [None] * len(cols["path"]))[i],
-            "bytes": int(cols["size_bytes"][i]),
-            "sha256": sha256_of(path),
-            "snapshot_id": snapshot_of(path),
-            "min_key": cols.get("min.key", [None] * len(cols["path"]))[i],
-            "max_key": cols.get("max.key", [None] * len(cols["path"]))[i],
-            "min_policy_version": cols.get("min.policy_version", [None] * len(cols["path"]))[i],
-            "max_policy_version": cols.get("max.policy_version", [None] * len(cols["path"]))[i],
-        })
-    out.sort(key=lambda e: (e["run_id"], e["snapshot_id"], e["path"]))
-    return out
-
-
-def _add(entry: dict, run_id: str, *, data_change: bool) -> AddAction:
-    return AddAction(
-        entry["path"], int(entry["bytes"]), {"run_id": run_id, "policy_bucket": str(int(entry["policy_bucket"]))},
-        int(now()[1] * 1000), data_change, entry["stats"],
-    )
-
-
-def _remove(entry: dict, *, data_change: bool) -> RemoveAction:
-    return RemoveAction(
-        entry["path"], data_change, int(now()[1] * 1000), int(entry["bytes"]),
-        {"run_id": entry["run_id"], "policy_bucket": str(int(entry["policy_bucket"]))},
-    )
 
 
 class Lake:
@@ -424,10 +364,14 @@ class Lake:
     def register(self, con: Any, view: str = "cold", run_id: str | None = None) -> None:
         """Create or replace the DuckDB view ``view`` over the table's live rows.
 
-        No DuckDB extension is needed: the view reads a pyarrow dataset registered on ``con``
-        (verified as ``dataset`` says). The view is pinned to the version read now; call again to refresh.
+        No DuckDB extension is needed: the view reads a pyarrow dataset registered on ``con``, built
+        and verified as ``dataset`` says when a query first reads it (binding the view reads no data
+        file). The view is pinned to the version read now; call again to refresh.
         """
-        dset = self.dataset(run_id)
+        entries, docs = self._selected(run_id, None)  # pinned now, from the Delta log only
+        full = self._dataset_schema(docs)
+        # verified and built when a query reads the view, not here: an open binds views, reads no data
+        dset = DeferredDataset.over(lambda: self.dataset_of(entries, full), full)
         source = f"__lakebuffer_{view}_dataset"
         con.register(source, dset)
         con.execute(render_sql("lake_view", view=_ident(view), source=_ident(source)))
@@ -528,184 +472,15 @@ class Lake:
         meta: dict | None = None,
         force: bool = False,
     ) -> dict | None:
-        """Append ``batches`` (streamed, never concatenated) and delete ``deleted_keys`` from the run's
-        earlier files as one Delta commit = one snapshot of ``run_id``; return its manifest, or None for
-        an empty snapshot (no rows, no deletes) unless ``force``.
-
-        Deletes are Delta copy-on-write deletes in the same commit: the files of the run whose key
-        range (Delta stats) may hold a deleted key are fetched (verified), their key column read, and
-        those that do hold one are rewritten without those rows (remove + add). Rows of this snapshot
-        are never deleted by it, so a key deleted and pushed again ends with the new row only. The
-        snapshot id is the run's app-transaction version + 1, committed with the data: a second writer
-        of the run racing for the same id loses (``LockedError``). Rows must belong to ``run_id``
-        (their ``run_id`` column, if any, is checked and dropped: the partition carries it). Any
-        storage error raises LakeError and leaves the committed state as it was."""
+        """Append ``batches`` (streamed) and delete ``deleted_keys`` as one Delta commit = one snapshot
+        of ``run_id``; return its manifest, or None for an empty snapshot unless ``force``. The protocol
+        (copy-on-write deletes, the snapshot id as an app transaction, a lost reply) is ``lake/commit.py``."""
         self._check_writable()
-        check_run_id(run_id)
-        dt = self.delta.table()
-        parent_sid = (dt.transaction_version(app_id(run_id)) if dt is not None else None) or 0
-        sid = parent_sid + 1
-        parent_doc: dict = {}
-        if parent_sid and dt is not None:
-            parent_doc = self.delta.run_commits(dt, run_id).get(parent_sid, (None, {}))[1]
-        dkeys = key_array(deleted_keys)
-        writer: Writer | None = None
-        rewriter: Writer | None = None
-        row_schema: pa.Schema | None = None
-        file_schema: pa.Schema | None = None
-        user_error: BaseException | None = None
-        committing = False
-        it = iter_input(batches)
-        try:
-            while True:
-                try:
-                    batch = next(it)
-                except StopIteration:
-                    break
-                except BaseException as e:
-                    user_error = e
-                    raise
-                if batch.num_rows == 0:
-                    continue
-                if "run_id" in batch.schema.names:
-                    col = batch.column("run_id")
-                    if not pa.types.is_string(col.type):
-                        col = col.cast(pa.string())
-                    if col.null_count or pc.any(pc.not_equal(col, pa.scalar(run_id))).as_py():
-                        raise SchemaError(f"batch holds rows of another run than {run_id!r}")
-                if row_schema is None:
-                    row_schema = with_run_id(without(batch.schema, ["policy_bucket"]))
-                    file_schema = without(batch.schema, ["run_id", "policy_bucket"])
-                    if "policy_version" not in file_schema.names:
-                        raise SchemaError("batches need a 'policy_version' column (the lake partitions by it)")
-                    if parent_doc.get("schema"):
-                        try:
-                            pa.unify_schemas([schema_from_b64(parent_doc["schema"]), row_schema])
-                        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-                            raise SchemaError(f"snapshot schema does not fit run {run_id!r}: {e}") from e
-                    writer = self._writer(run_id, sid, file_schema, self.options.target_file_bytes)
-                batch = without_columns(batch, ("run_id", "policy_bucket"))
-                if not batch.schema.equals(file_schema, check_metadata=False):
-                    if set(batch.schema.names) != set(file_schema.names):
-                        raise SchemaError(
-                            f"batches of one snapshot must have the same columns: {batch.schema.names} vs {file_schema.names}"
-                        )
-                    try:
-                        batch = cast_to(batch, file_schema)
-                    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
-                        raise SchemaError(f"batch does not fit the snapshot schema: {e}") from e
-                writer.add(batch)
-            entries = writer.finish() if writer is not None else []
-            nrows = sum(int(e["rows"]) for e in entries)
-            if nrows == 0 and len(dkeys) == 0 and not force:
-                return None
-            schema_doc = row_schema or (schema_from_b64(parent_doc["schema"]) if parent_doc.get("schema") else with_run_id(ROLLOUT_SCHEMA))
-            if parent_doc.get("schema") and row_schema is not None:
-                schema_doc = pa.unify_schemas([schema_from_b64(parent_doc["schema"]), row_schema])
-            removed: list[dict] = []
-            rewritten: list[dict] = []
-            deleted = 0
-            if len(dkeys) and dt is not None:
-                rewriter = self._writer(run_id, sid, without(schema_doc, ["run_id", "policy_bucket"]), self.options.target_file_bytes, tag="d", max_lanes=1)
-                removed, deleted = self._delete_rows(dt, run_id, dkeys, rewriter)
-                rewritten = rewriter.finish()
-            doc = {
-                "run_id": run_id,
-                "snapshot_id": sid,
-                "commit_id": uuid.uuid4().hex,  # recognises this commit after a lost reply
-                "operation": "append",
-                "schema": schema_to_b64(schema_doc),
-                "meta": meta or {},
-                "summary": {"added_rows": nrows, "deleted_keys": len(dkeys), "deleted_rows": deleted,
-                            "added_files": len(entries) + len(rewritten), "removed_files": len(removed)},
-            }
-            adds = [_add(e, run_id, data_change=True) for e in entries + rewritten]
-            removes = [_remove(e, data_change=True) for e in removed]
-            committing = True  # from here on a failure may leave a commit that landed: keep the files
-            try:
-                new_dt, doc = self.delta.commit(
-                    dt, adds=adds, removes=removes, schema=schema_doc, doc=doc, txn=(run_id, sid),
-                    settings={"format": "lakebuffer.delta/1", "policy_bucket_size": self.policy_bucket_size},
-                )
-            except CommitFailedError as e:
-                committing = False
-                raise self._commit_failed(run_id, sid, e) from e
-            except LakeError:
-                landed = self._landed(run_id, sid, doc["commit_id"])  # a lost reply: did it land?
-                if landed is None:
-                    raise
-                new_dt, doc = landed
-            mark_verified(self.store, entries + rewritten)  # checksummed from the bytes written
-            return self._manifest(new_dt, run_id, sid, new_dt.version(), doc, new_dt)
-        except BaseException as e:
-            if not committing:  # nothing references these files: try to remove them (vacuum gets the rest)
-                for w in (writer, rewriter):
-                    if w is not None:
-                        w.abort()
-            if not committing and is_disk_full(e):  # the lake's filesystem is full: say so, and the fix
-                raise LakeDiskFullError(f"snapshot of run {run_id!r} to lake {self.url} failed, nothing was committed: "
-                                        f"its filesystem is full ({e}); every row stays in the local buffer: free "
-                                        "space in the lake (or run gc / set retention), then snapshot again") from e
-            if not committing and type(e) is LakeError:  # a storage error before the commit
-                raise LakeError(f"snapshot of run {run_id!r} to lake {self.url} failed, nothing was committed: {e}") from e
-            if e is user_error or isinstance(e, (LakeBufferError, KeyboardInterrupt)):
-                raise
-            raise LakeError(
-                f"snapshot of run {run_id!r} to lake {self.url} failed, nothing was committed: {type(e).__name__}: {e}"
-            ) from e
-
-    def _landed(self, run_id: str, sid: int, commit_id: str) -> tuple[DeltaTable, dict] | None:
-        try:
-            dt = self.delta.table()
-            if dt is None:
-                return None
-            found = self.delta.run_commits(dt, run_id).get(sid)
-        except LakeBufferError:
+        done = commit.commit_snapshot(self, run_id, batches, deleted_keys, meta=meta, force=force)
+        if done is None:
             return None
-        if found is None or found[1].get("commit_id") != commit_id:
-            return None
-        return dt, found[1]
-
-    def _commit_failed(self, run_id: str, sid: int, e: Exception) -> LakeBufferError:
-        dt = self.delta.table()
-        now_sid = dt.transaction_version(app_id(run_id)) if dt is not None else None
-        if now_sid is not None and now_sid >= sid:
-            holder = self.claims.holder(run_id) or {}
-            return LockedError(
-                f"snapshot {sid} of run {run_id!r} in lake {self.url} was committed by another writer at the same time "
-                f"({holder.get('path', '?')} on {holder.get('host', '?')}); nothing of this snapshot was committed. "
-                "One buffer writes a run: use a different run_id or close the other buffer"
-            )
-        return LakeError(
-            f"snapshot {sid} of run {run_id!r} conflicts with a concurrent commit to lake {self.url} ({e}); nothing "
-            "was committed and the snapshot is retried at the next one"
-        )
-
-    def _delete_rows(self, dt: DeltaTable, run_id: str, keys: pa.Array, rewriter: Writer) -> tuple[list[dict], int]:
-        """Copy-on-write delete of ``keys`` from the run's files of ``dt``: (files removed, rows dropped);
-        their surviving rows go to ``rewriter``."""
-        keys = pc.unique(keys)
-        sorted_keys = sorted(keys.to_pylist())
-        removed: list[dict] = []
-        dropped = 0
-        for entry in entries_of(dt, run_id):
-            if not key_range_hit(entry, sorted_keys):
-                continue
-            pf = open_verified(self.store, self.options, entry)  # a large file: streamed, by row group
-            if not holds_any(pf, keys):
-                continue
-            for i in range(pf.metadata.num_row_groups):
-                t = read_group(self.store, entry, pf, i)
-                keep = pc.invert(pc.is_in(t.column("key"), value_set=keys))
-                survivors = t.filter(keep)
-                dropped += t.num_rows - survivors.num_rows
-                if survivors.num_rows:
-                    for b in cast_to(survivors, rewriter.schema).to_batches():
-                        rewriter.add(b)
-                del t, survivors
-            rewriter.seal(int(entry["policy_bucket"]))  # one file in, (at most) one file out
-            removed.append(entry)
-        return removed, dropped
+        new_dt, sid, doc = done
+        return self._manifest(new_dt, run_id, sid, new_dt.version(), doc, new_dt)
 
     # ---- compaction & gc ----------------------------------------------------------------
     def compact(

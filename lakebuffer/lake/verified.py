@@ -18,6 +18,7 @@ import os
 import threading
 
 from ..errors import CorruptionError
+from .checksums import stream_problem
 from .fs import LakeFS
 
 _VERIFIED: set[tuple] = set()
@@ -37,8 +38,6 @@ def _ident(store: LakeFS, entry: dict) -> tuple:
 
 def verify_entry(store: LakeFS, entry: dict) -> None:
     """Check one committed file once per process (``CorruptionError`` naming the file and the fix)."""
-    from .reader import stream_problem  # reader imports nothing of this module at import; avoids a cycle
-
     ident = _ident(store, entry)
     with _VERIFIED_LOCK:
         if ident in _VERIFIED:

@@ -39,17 +39,22 @@ from ..errors import SchemaError
 from .fs import LakeFS
 from .layout import data_name, file_token, run_dir
 from .options import LakeOptions
+from .rowhash import HASH_COLUMN, hash_column, hashable, schema_with_hash
 from .rows import floor_buckets
 
 MAX_OPEN_BUCKETS = 8  # buckets with an open file per writer; the least recently written is closed first
 MAX_STAT_CHARS = 64  # longer strings get no min/max in the Delta stats (optional per column)
+#: Parquet data page size: a random cold read decodes about one page per asked column (BENCHMARKS.md,
+#: "#23 cold get"); 64 KiB pages cost +0.x% bytes against 1 MiB ones
+DATA_PAGE_BYTES = 64 * 1024
 
 
 def parquet_options(schema: pa.Schema) -> dict:
     """ParquetWriter settings: zstd-1, page checksums, dictionaries for strings but ``key``, stats on
-    flat columns."""
+    flat columns, 64 KiB data pages and the page index (a row selection reads only the pages that hold
+    it: pages then also start at row boundaries)."""
     dict_cols = [f.name for f in schema if (pa.types.is_string(f.type) or pa.types.is_large_string(f.type)) and f.name != "key"]
-    stats_cols = [f.name for f in schema if not pa.types.is_nested(f.type)]
+    stats_cols = [f.name for f in schema if not pa.types.is_nested(f.type) and f.name != HASH_COLUMN]
     return {
         "compression": "zstd",
         "compression_level": 1,
@@ -57,7 +62,20 @@ def parquet_options(schema: pa.Schema) -> dict:
         "write_statistics": stats_cols or False,
         "write_page_checksum": True,
         "store_schema": True,
+        "data_page_size": DATA_PAGE_BYTES,
+        "write_page_index": True,
     }
+
+
+def by_key(table: pa.Table) -> pa.Table:
+    """Rows sorted by ``key`` (a row group's pages then hold narrow key ranges, so the page index
+    prunes a ``key IN (...)`` read); no copy when they already are (generated keys are sequential)."""
+    if "key" not in table.column_names or table.num_rows < 2:
+        return table
+    k = table.column("key")
+    if pc.all(pc.less_equal(k.slice(0, len(k) - 1), k.slice(1))).as_py() is not False:
+        return table
+    return table.take(pc.sort_indices(k))
 
 
 def _stat_value(v: Any) -> Any:
@@ -123,7 +141,11 @@ class PartFile:
         self.store = store
         self.dir_rel = dir_rel
         self.stem = stem  # (snapshot id, file number, token)
+        if HASH_COLUMN in schema.names:  # rows read back from a lake file (compaction): hashed afresh
+            schema = schema.remove(schema.get_field_index(HASH_COLUMN))
         self.schema = schema
+        self.hashed = hashable(schema)  # else (a type the digest does not cover) no ``_lb_hash``
+        self.file_schema = schema_with_hash(schema) if self.hashed else schema
         self.bucket = bucket
         self.rows = 0
         self.size = 0
@@ -139,7 +161,7 @@ class PartFile:
         self.tmp: str | None = f"{d}/part-{sid:08d}-{n:04d}-{token}.parquet.tmp-{uuid.uuid4().hex[:8]}"
         self.sink: Any = pa.OSFile(self.tmp, "wb")
         try:
-            self.writer = pq.ParquetWriter(self.sink, schema, **parquet_options(schema))
+            self.writer = pq.ParquetWriter(self.sink, self.file_schema, **parquet_options(self.file_schema))
         except BaseException:
             self.abort()
             raise
@@ -149,6 +171,11 @@ class PartFile:
         lo, hi = mm["min"].as_py(), mm["max"].as_py()
         self.min_pv = lo if self.min_pv is None else min(self.min_pv, lo)
         self.max_pv = hi if self.max_pv is None else max(self.max_pv, hi)
+        if HASH_COLUMN in table.column_names:
+            table = table.drop_columns([HASH_COLUMN])
+        table = by_key(table)
+        if self.hashed:
+            table = table.append_column(self.file_schema.field(HASH_COLUMN), hash_column(table, self.schema.names))
         self.writer.write_table(table, row_group_size=table.num_rows)
         self.rows += table.num_rows
         self.size = self.sink.tell()

@@ -126,6 +126,28 @@ class ScannedDataset(pds.InMemoryDataset):
         return self.scanner(**kwargs).head(num_rows)
 
 
+class DeferredDataset(ScannedDataset):
+    """A dataset built (and its files verified) only when a scan reads it: binding a DuckDB view over
+    it reads nothing, so opening a buffer costs no data file read (issue 23: open is O(metadata)).
+    Reads one file and two batches ahead, from the system allocator: a lake row group decodes to tens
+    of MiB, and a scan must stay within the RAM budget at any lake size."""
+
+    _make: Any = None
+
+    @classmethod
+    def over(cls, make: Any, schema: pa.Schema) -> DeferredDataset:
+        """``make()`` returns the real ``pyarrow.dataset.Dataset`` (of ``schema``) at scan time."""
+        out = cls(schema.empty_table())
+        out._make = make
+        return out
+
+    def scanner(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("fragment_readahead", 1)
+        kwargs.setdefault("batch_readahead", 2)
+        kwargs.setdefault("memory_pool", pa.system_memory_pool())
+        return self._make().scanner(*args, **kwargs)
+
+
 @dataclass(frozen=True)
 class Staged:
     """Rows a tier has written but not yet published: their part and what verifies it later."""

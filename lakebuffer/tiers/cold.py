@@ -5,12 +5,16 @@ its batches' index entries then say *where in the lake* each row is: a lake file
 the Delta log) and the row inside it (``KeyIndex.set_cold``). A ``Location`` here is (file number, row
 in file); file numbers are this process's, handed out by ``number``.
 
-``take`` reads only the row groups that hold the asked rows, and of them only the asked columns: one
-ranged read per column chunk through Arrow's filesystem (S3 or local), never the whole file. Integrity
-is the lake's (``lake/verified.py``): a file is checked whole against the sha256 in its name once per
-process (and again on a local lake when its mtime changed), and every page read is checked against its
-CRC by pyarrow (``page_checksum_verification``): a read never returns bytes failing a checksum
-(``CorruptionError`` naming the file).
+``take_checked`` (every ``get``) reads a file written since #23 by key through ``lake/pages.PageReader``:
+DataFusion with ``key IN (...)`` pushed into the Parquet scan reads only the pages (64 KiB) that hold
+the asked rows, of the asked columns, by ranged reads (local or S3), all files of a call in one plan;
+every returned row is checked against its digests (``_lb_hash``, ``lake/rowhash.py``), so the cost of
+verification follows the bytes read and the whole-file sha256 is never paid here. A file without
+digests (written before), and ``take`` without keys, read only the row groups that hold the asked rows:
+one ranged read per column chunk through Arrow's filesystem, the file checked whole against the sha256
+in its name once per process (``lake/verified.py``; again on a local lake when its mtime changed) and
+every page against its CRC (``page_checksum_verification``). Either way a read never returns bytes
+failing a check (``CorruptionError`` naming the file).
 
 Locations can go stale: compaction and lake deletes rewrite files (other rows, other positions) and gc
 removes the replaced ones later. ``take_checked`` therefore reads each row's ``key`` too and raises
@@ -35,7 +39,8 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pds
 import pyarrow.parquet as pq
 
-from ..errors import CorruptionError
+from ..errors import CorruptionError, LakeBufferError, LakeError
+from ..lake.pages import MissingRows, PageReader, storage_failed
 from .base import Location, ScannedDataset, Staged, gather
 
 #: Parquet footers kept (one per lake file read; a footer is a few KB per row group)
@@ -87,6 +92,7 @@ class ColdTier:
         self._referenced: dict[str, dict] = {}  # lake path -> entry, of the files cold batches point at
         self._sql_entries: list[dict] | None = None  # None: exactly the referenced files
         self._footers: dict[str, pq.FileMetaData] = {}  # lake path -> Parquet footer (bounded, oldest dropped)
+        self._page_reader: PageReader | None = None  # keyed page reads of files with row digests
         self._manifest: dict | None = None  # the run's latest manifest, until the lake changes (``invalidate``)
         self._version = 0
 
@@ -200,10 +206,19 @@ class ColdTier:
         tables: list[pa.Table] = []
         which = np.empty(len(rows), np.int64)
         local = np.empty(len(rows), np.int64)
+        pages = self._pages(lake) if keys is not None and PageReader.supports(lake.store) else None
+        paged: list[tuple[dict, np.ndarray]] = []
+        if pages is not None:
+            with self._lock:
+                entries = [self._files[f] for f in uniq.tolist()]
+            pages.prepare(entries)
         for i, f in enumerate(uniq.tolist()):
             with self._lock:
                 entry = self._files[f]
             sel = np.flatnonzero(inv == i)
+            if pages is not None and self._has_digests(lake, pages, entry):
+                paged.append((entry, sel))  # the page path, for all such files at once below
+                continue
             pf = self._open(lake, entry)
             starts = np.cumsum([0] + [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)])
             if (rows[sel] >= starts[-1]).any():
@@ -220,10 +235,69 @@ class ColdTier:
                 # hand the decoded row group's pages back now: Arrow's allocator (mimalloc) keeps freed
                 # pages otherwise, and a get touching many row groups grew RssAnon 167 MB instead of 65
                 pa.default_memory_pool().release_unused()
+        if paged:
+            # only the pages holding these keys, every row checked by its digests; one plan for all files
+            assert pages is not None and keys is not None
+            got = pages.take_many([(e, [keys[j] for j in sel.tolist()]) for e, sel in paged], want)
+            for (entry, sel), res in zip(paged, got):
+                which[sel] = len(tables)
+                local[sel] = np.arange(len(sel), dtype=np.int64)
+                tables.append(self._paged(lake, pages, entry, res, want))
         out = gather(tables, which, local, want)
         if keys is not None and not pc.all(pc.equal(out.column("key"), pa.array(keys, pa.string()))).as_py():
             raise StaleLocation("a row is not the one its location named")
         return out.select(columns).cast(schema)
+
+    def _pages(self, lake: Any) -> PageReader:
+        """The page reader of the lake now served (one per lake store; a reopened lake gets a new one)."""
+        with self._lock:
+            if self._page_reader is None or self._page_reader.store is not lake.store:
+                self._page_reader = PageReader(lake.store)
+            return self._page_reader
+
+    def _has_digests(self, lake: Any, pages: PageReader, entry: dict) -> bool:
+        """Whether the file carries row digests (written since #23); its footer is read once."""
+        try:
+            return pages.hashed(entry)
+        except Exception as e:  # noqa: BLE001 - DataFusion raises plain Exceptions for missing/damaged files
+            pages.forget(entry["path"])
+            self._unreadable(lake, entry, e)
+            raise AssertionError("unreachable") from e
+
+    def _unreadable(self, lake: Any, entry: dict, e: BaseException) -> None:
+        """Raise what a file that could not be opened means: ``StaleLocation`` when the lake no longer
+        lists it (its rows live elsewhere), else ``CorruptionError`` naming it (missing or damaged)."""
+        url = lake.store.url_of(entry["path"])
+        if not self._live(lake, entry["path"]):
+            raise StaleLocation(entry["path"]) from None
+        if storage_failed(e):
+            raise LakeError(f"reading lake file {url} failed: the lake's storage did not answer ({e}); "
+                            "retry once it is reachable") from e
+        if not lake.store.fs.exists(lake.store.abs(entry["path"])):
+            raise CorruptionError(f"lake file {url} listed in the Delta log is missing; restore it from a copy "
+                                  "of the lake (`lakebuffer fsck` lists every damaged file)") from None
+        raise CorruptionError(f"lake file {url} is not readable Parquet: {e}; restore it from a copy of the "
+                              "lake (`lakebuffer fsck` lists every damaged file)") from e
+
+    def _paged(self, lake: Any, pages: PageReader, entry: dict, res: pa.Table | Exception, columns: list[str]) -> pa.Table:
+        """One file's result of the page path, in the buffer's types, or what its error means."""
+        from ..lake.verified import verify_entry
+
+        if isinstance(res, pa.Table):
+            return self._conform(res, columns)
+        pages.forget(entry["path"])
+        if isinstance(res, MissingRows):
+            # moved by a compaction or delete (the file is gone from the lake), or its key pages are
+            # damaged: then the whole file fails its sha256 (``CorruptionError`` naming it)
+            if self._live(lake, entry["path"]):
+                verify_entry(lake.store, entry)
+            raise StaleLocation(entry["path"]) from None
+        if not self._live(lake, entry["path"]):
+            raise StaleLocation(entry["path"]) from None  # replaced and vacuumed: its rows live elsewhere
+        if isinstance(res, LakeBufferError):
+            raise res
+        self._unreadable(lake, entry, res)
+        raise AssertionError("unreachable")
 
     def _open(self, lake: Any, entry: dict) -> pq.ParquetFile:
         """The file, checked whole once per process (``verify_entry``), opened for ranged reads."""
@@ -266,6 +340,12 @@ class ColdTier:
         except (pa.ArrowInvalid, OSError) as e:
             raise CorruptionError(f"lake file {lake.store.url_of(entry['path'])} cannot be decoded ({e}); "
                                   "restore it from a copy of the lake") from e
+        return self._conform(t, columns)
+
+    def _conform(self, t: pa.Table, columns: list[str]) -> pa.Table:
+        """``columns`` of rows read from a lake file, in the buffer's types (partition columns and
+        columns the file predates filled in)."""
+        avail = set(t.column_names)
         n = t.num_rows
         arrays = []
         for c in columns:

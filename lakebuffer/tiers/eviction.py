@@ -44,7 +44,7 @@ class EvictionPolicy:
                 self._expr = predicate.check_expression(self.evict, "evict")
                 used = predicate.parse(self.evict, "evict").columns
             except (QueryError, ValueError) as e:
-                raise OptionError(f"evict={evict!r} is not a valid SQL expression: {e}") from e
+                raise OptionError(f"evict={evict[:200]!r} is not a valid SQL expression: {e}") from e
             if columns is not None and used and not used <= columns:
                 raise OptionError(f"evict={evict!r} uses {sorted(used - columns)}, which are not metadata columns "
                                   f"(it may use {sorted(columns)})")

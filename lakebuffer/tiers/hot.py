@@ -140,6 +140,13 @@ class HotTier:
         self._version += 1
         return b
 
+    def clear(self) -> None:
+        """Drop every batch: the buffer closed (its rows are durable elsewhere), so the tables, and the
+        WAL segments they may map, are released now rather than whenever the object is collected."""
+        self._batches.clear()
+        self.nbytes = 0
+        self._version += 1
+
     def resident_bytes(self) -> int:
         """Bytes not yet handed to write-back."""
         return sum(b.nbytes for b in self._batches.values() if not b.evicting)

@@ -6,7 +6,8 @@ the same deterministic rollouts (``DATA``), through the public API only:
 * ``TestLocalLake``: ``ReplayBuffer`` with a ``file://`` lake, rows spread over the hot and warm tiers;
 * ``TestS3Lake``: ``ReplayBuffer`` with a lake on the moto S3 server (127.0.0.1, tests/s3server.py);
 * ``TestLakeView``: ``ReplayBuffer.open_lake(url)`` after a snapshot (read-only);
-* ``TestSharded``: ``ShardedReplayBuffer`` over 2 Ray actors (skipped without Ray).
+* ``TestSharded``: ``ShardedReplayBuffer`` over 2 Ray actors (skipped without Ray);
+* ``TestShardedTwoNodes``: the same on a real 2-node Ray cluster on loopback, one shard a node (slow).
 
 ``open_reader(kind, table, root, ...)`` is also how tests/test_samplers.py runs its sampler cases
 under every reader. Readers are built once per class (class-scoped fixtures) and Ray once per module.
@@ -245,4 +246,19 @@ class TestSharded(ReaderSuite):
     @classmethod
     def reader(cls, tmp_path_factory):
         with ray_session(), open_reader(cls.kind, DATA, tmp_path_factory.mktemp("reader-sharded")) as r:
+            yield r
+
+
+@pytest.mark.skipif(not RAY, reason="Ray is not installed")
+@pytest.mark.slow  # two raylets: ~10-30 s to start on a loaded 2-core machine
+class TestShardedTwoNodes(ReaderSuite):
+    kind = "sharded"
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def reader(cls, tmp_path_factory):
+        from tests.raycluster import ray_nodes
+
+        with ray_nodes(2), open_reader(cls.kind, DATA, tmp_path_factory.mktemp("reader-two-nodes")) as r:
+            assert len(set(r.shard_nodes)) == 2, "one shard on each node"
             yield r

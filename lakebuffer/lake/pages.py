@@ -1,0 +1,253 @@
+"""Rows of lake files by key at page granularity, each row checked against its recorded digests.
+
+Why DataFusion (arrow-rs): it reads a ``key IN (...)`` with the filter pushed into the Parquet scan
+(late materialisation): the key pages the page index leaves are decoded, the matching rows become a
+row selection, and of every other asked column only the pages holding those rows are fetched and
+decoded (the offset index), by ranged reads, locally or from S3. pyarrow 26 decodes whole column
+chunks of the row groups it reads; the probe of each candidate is in BENCHMARKS.md ("#23 cold get").
+
+Why the digests: DataFusion does not verify Parquet page CRCs (a flipped byte came back as wrong
+values). Every file written since #23 carries ``_lb_hash`` (``lake/rowhash.py``); ``take`` reads it
+with the rows and checks the digest of the key and of every returned column of every returned row:
+a mismatch or a page that does not decode is a ``CorruptionError`` naming the file, and the whole-file
+sha256 is never read on this path. A file without the column (written before: ``hashed`` is False),
+and a lake on a store DataFusion is not set up for here (``supports``: a local directory and S3 are),
+are read the older, verified way by the caller.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..errors import CorruptionError, LakeBufferError, LakeError
+from .fs import LakeFS
+from .rowhash import HASH_COLUMN, file_digest_columns, mismatches
+from .runtime import native_call, s3_settings
+
+#: files registered with the reader at a time (a footer and page index each in DataFusion's cache)
+MAX_TABLES = 256
+#: DataFusion's cache of Parquet footers and page indexes: part of the buffer's RAM budget
+METADATA_CACHE = "16M"
+#: bytes read from a file's end to get its footer (more if the footer says so)
+METADATA_HINT = 64 * 1024
+PREPARE_THREADS = 8  # footers fetched at once by ``prepare``
+FILE_COLUMN = "_lb_file"  # which item of a ``take_many`` a row came from
+
+
+class MissingRows(Exception):
+    """Keys the file does not hold (a compaction or delete moved them, or its key pages are damaged)."""
+
+    def __init__(self, keys: list[str]) -> None:
+        super().__init__(f"{len(keys)} keys not in the file")
+        self.keys = keys
+
+
+def storage_failed(e: BaseException) -> bool:
+    """Whether a DataFusion error came from the object store (network, credentials, throttling) rather
+    than from the bytes it read (DataFusion raises plain Exceptions; its message says which)."""
+    text = str(e).lower()
+    return any(m in text for m in ("object store error", "generic s3 error", "error sending request",
+                                   "connection refused", "timed out", "credential"))
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+class PageReader:
+    """Keyed, page-granular reads of one lake's files (thread-safe; one DataFusion session per lake)."""
+
+    @staticmethod
+    def supports(store: LakeFS) -> bool:
+        """Whether the page path can read this lake: a plain local directory, or S3."""
+        return store.native_local or (not store.local and store.protocol in ("s3", "s3a"))
+
+    def __init__(self, store: LakeFS, storage_options: dict | None = None) -> None:
+        self.store = store
+        self.storage_options = dict(storage_options if storage_options is not None else store.storage_options)
+        self._lock = threading.Lock()
+        self._ctx: Any = None
+        self._tables: OrderedDict[str, tuple[str, list[str] | None, list[str]]] = OrderedDict()
+        self._count = 0
+
+    def _url(self, rel: str) -> str:
+        return self.store.abs(rel) if self.store.local else f"s3://{self.store.abs(rel)}"
+
+    def _context(self) -> Any:
+        if self._ctx is None:
+            from datafusion import SessionConfig, SessionContext
+
+            cfg = (SessionConfig()
+                   .set("datafusion.execution.parquet.pushdown_filters", "true")
+                   .set("datafusion.execution.parquet.reorder_filters", "true")
+                   .set("datafusion.execution.parquet.schema_force_view_types", "false")
+                   .set("datafusion.execution.parquet.enable_page_index", "true")
+                   # one read for the footer and page index of a 32 MiB file, not its last 512 KiB
+                   .set("datafusion.execution.parquet.metadata_size_hint", str(METADATA_HINT)))
+            ctx = SessionContext(cfg)
+            ctx.sql(f"SET datafusion.runtime.metadata_cache_limit = '{METADATA_CACHE}'").collect()
+            if not self.store.local:
+                from datafusion.object_store import AmazonS3
+
+                opts = s3_settings(self.storage_options)
+                endpoint = opts.get("endpoint")
+                bucket = self.store.root.split("/", 1)[0]
+                s3 = AmazonS3(bucket_name=bucket, region=opts.get("region") or "us-east-1",
+                              access_key_id=opts.get("access_key"), secret_access_key=opts.get("secret_key"),
+                              session_token=opts.get("session_token"), endpoint=endpoint,
+                              allow_http=bool(endpoint and str(endpoint).startswith("http://")))
+                ctx.register_object_store("s3://", s3, bucket)
+            self._ctx = ctx
+        return self._ctx
+
+    def _table(self, entry: dict) -> tuple[str, list[str] | None, list[str]]:
+        """(table name, the columns its digests cover or None, the file's columns) of a registered file."""
+        rel = entry["path"]
+        with self._lock:
+            got = self._tables.get(rel)
+            if got is not None:
+                self._tables.move_to_end(rel)
+                return got
+            with native_call("starting the page reader"):
+                ctx = self._context()
+            self._count += 1
+            name = f"f{self._count}"
+        with native_call("reading a lake file's footer"):
+            ctx.register_parquet(name, self._url(rel))
+            schema = ctx.table(name).schema()
+        names = [n for n in schema.names if n != HASH_COLUMN]
+        hashed = file_digest_columns(schema)
+        got = (name, hashed, names)
+        with self._lock:
+            self._tables[rel] = got
+            while len(self._tables) > MAX_TABLES:
+                _, (old, _h, _n) = self._tables.popitem(last=False)
+                with native_call("forgetting a lake file"):
+                    ctx.deregister_table(old)
+        return got
+
+    def prepare(self, entries: list[dict]) -> None:
+        """Register the files not registered yet, ``PREPARE_THREADS`` at a time: each costs a footer
+        read (on S3 a request or two), and a first get touching tens of files paid them one by one.
+        Errors are left for the caller's own ``hashed``/``take`` of that file to report."""
+        with self._lock:
+            todo = [e for e in entries if e["path"] not in self._tables]
+        if len(todo) < 2:
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one(entry: dict) -> None:
+            try:
+                self._table(entry)
+            except Exception:  # noqa: BLE001 - reported by the caller's own read of the file
+                pass
+
+        with ThreadPoolExecutor(min(PREPARE_THREADS, len(todo)), thread_name_prefix="lakebuffer-footers") as pool:
+            list(pool.map(one, todo))
+
+    def forget(self, rel: str) -> None:
+        """A file replaced or removed: drop its registration (and cached footer)."""
+        with self._lock:
+            got = self._tables.pop(rel, None)
+            if got is not None and self._ctx is not None:
+                with native_call("forgetting a lake file"):
+                    self._ctx.deregister_table(got[0])
+
+    def hashed(self, entry: dict) -> bool:
+        """Whether the file carries ``_lb_hash`` (else: read it the older verified way)."""
+        return self._table(entry)[1] is not None
+
+    def _frame(self, entry: dict, keys: list[str], columns: list[str]) -> tuple[Any, list[str], list[str]]:
+        """(DataFusion frame of the rows of ``keys`` with the asked columns the file has, + ``key`` and
+        ``_lb_hash``; those columns; the columns the digests cover)."""
+        from datafusion import col, lit
+        from datafusion import functions as F
+
+        name, hashed, names = self._table(entry)
+        assert hashed is not None, "take of a file without digests"
+        cols = [c for c in dict.fromkeys(["key", *columns]) if c in names]
+        df = (self._context().table(name)
+              .filter(F.in_list(col("key"), [lit(k) for k in dict.fromkeys(keys)]))
+              .select(*[col(_quote(c)) for c in [*cols, HASH_COLUMN]]))
+        return df, cols, hashed
+
+    def _undecodable(self, entry: dict, e: BaseException) -> LakeBufferError:
+        """What a failed DataFusion read means: the storage did not answer (``LakeError``), or the
+        file's bytes do not decode (``CorruptionError``), naming the file either way."""
+        url = self.store.url_of(entry["path"])
+        if storage_failed(e):
+            return LakeError(f"reading lake file {url} failed: the lake's storage did not answer ({e}); "
+                             "retry once it is reachable")
+        return CorruptionError(f"lake file {url} cannot be decoded ({e}); restore it from a copy of the lake "
+                               "(`lakebuffer fsck` lists every damaged file)")
+
+    def _checked(self, entry: dict, got: pa.Table, keys: list[str], cols: list[str], hashed: list[str]) -> pa.Table:
+        """``got`` verified against its digests and put in the order of ``keys``."""
+        url = self.store.url_of(entry["path"])
+        missing = [c for c in cols if c not in hashed]
+        if missing:
+            raise CorruptionError(f"lake file {url}: its row digests do not cover columns {missing}; "
+                                  "restore it from a copy of the lake")
+        bad = mismatches(got, cols, hashed)
+        if len(bad):
+            raise CorruptionError(f"lake file {url}: {len(bad)} row(s) fail their content digest (key "
+                                  f"{got.column('key')[int(bad[0])].as_py()!r}); nothing was returned from it. "
+                                  "Restore the file from a copy of the lake (`lakebuffer fsck` lists every damaged file)")
+        at = pc.index_in(pa.array(keys, pa.string()), value_set=got.column("key").cast(pa.string()))
+        if at.null_count:
+            lost = np.flatnonzero(~at.is_valid().to_numpy(zero_copy_only=False)).tolist()
+            raise MissingRows([keys[i] for i in lost])
+        return got.select(cols).take(at)
+
+    def take(self, entry: dict, keys: list[str], columns: list[str]) -> pa.Table:
+        """The rows of ``keys`` (in that order) with those of ``columns`` the file has, plus ``key``,
+        each checked against its digests; ``MissingRows`` for keys the file does not hold."""
+        try:
+            # every DataFusion call inside the bracket, building the plan too: it blocks on its runtime
+            # with the GIL released, and a thread returning from there after exit began aborts the process
+            with native_call("reading lake pages"):
+                df, cols, hashed = self._frame(entry, keys, columns)
+                got = df.to_arrow_table()
+        except Exception as e:  # noqa: BLE001 - a page that does not decode (DataFusion raises plain Exceptions)
+            raise self._undecodable(entry, e) from e
+        return self._checked(entry, got, keys, cols, hashed)
+
+    def take_many(self, items: list[tuple[dict, list[str]]], columns: list[str]) -> list[pa.Table | Exception]:
+        """``take`` of several files as one DataFusion plan (the files are read in parallel on its
+        threads); per item the table, or the error ``take`` would raise for that file."""
+        from datafusion import lit
+
+        out: list[pa.Table | Exception] = [Exception("not read")] * len(items)
+        groups: dict[tuple, list[tuple[int, Any, list[str]]]] = {}
+        with native_call("planning a read of lake pages"):  # see ``take``
+            for i, (entry, keys) in enumerate(items):
+                df, cols, hashed = self._frame(entry, keys, columns)
+                groups.setdefault(tuple(cols), []).append((i, df.select(lit(i).alias(FILE_COLUMN), *df.schema().names), hashed))
+        for cols, members in groups.items():
+            try:
+                with native_call("reading lake pages"):
+                    plan = members[0][1]
+                    for _i, df, _h in members[1:]:
+                        plan = plan.union(df)
+                    got = plan.to_arrow_table()
+            except Exception:  # noqa: BLE001 - which file? read each alone to name it
+                for i, _df, _h in members:
+                    try:
+                        out[i] = self.take(items[i][0], items[i][1], columns)
+                    except Exception as e:  # noqa: BLE001 - handed to the caller per file
+                        out[i] = e
+                continue
+            which = got.column(FILE_COLUMN).to_numpy()
+            for i, _df, hashed in members:
+                part = got.filter(pa.array(which == i)).drop_columns([FILE_COLUMN])
+                try:
+                    out[i] = self._checked(items[i][0], part, items[i][1], list(cols), hashed)
+                except Exception as e:  # noqa: BLE001 - handed to the caller per file
+                    out[i] = e
+        return out
