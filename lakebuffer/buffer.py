@@ -509,7 +509,10 @@ class ReplayBuffer:
                 try:
                     self._snapshots.release()
                 finally:
-                    self._dirlock.release()
+                    try:
+                        self._state.warm.close()  # open fragment files: the directory is let go whole
+                    finally:
+                        self._dirlock.release()
 
     def __enter__(self) -> ReplayBuffer:
         return self

@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 from . import predicate
 from .engine.tasks import P0, P1, TaskQueue
 from .errors import LakeBufferError, error_boundary, query_error
+from .lake import runtime
 from .resources import render_sql, sql_text
 from .sandbox import check_read_only, sandbox
 
@@ -54,19 +55,38 @@ def stream(sql: str, tables: dict[str, Any], batch_size: int, setup: list[str] =
     A scan may be consumed slowly (a training loop); on its own connection it never holds the
     catalog's lock, and the registered objects are a consistent snapshot the caller chose.
     """
-    con = sandbox(duckdb.connect(), memory_limit_bytes, spill_dir)
+    with runtime.native_call("DuckDB scan"):
+        con = duckdb.connect()
+        # one thread: DuckDB works only inside a fetch (below, bracketed for the exit hook), never
+        # between fetches on worker threads that may call into Python sources at exit (issue 24)
+        con.execute("SET threads = 1")
+        con = sandbox(con, memory_limit_bytes, spill_dir)
+    reader = None
     try:
-        for name, obj in tables.items():
-            con.register(name, obj)
-        for stmt in setup:
-            con.execute(stmt)
         try:
-            reader = con.sql(sql).to_arrow_reader(batch_size)
-            yield from reader
-        except (duckdb.Error, pa.ArrowException) as e:
+            with runtime.native_call("DuckDB scan"):
+                for name, obj in tables.items():
+                    con.register(name, obj)
+                for stmt in setup:
+                    con.execute(stmt)
+                reader = con.sql(sql).to_arrow_reader(batch_size)
+            while True:  # each fetch is one bracketed native call: the exit hook waits for it (issue 24)
+                with runtime.native_call("DuckDB scan"):
+                    try:
+                        batch = reader.read_next_batch()
+                    except StopIteration:
+                        break
+                yield batch
+        except LakeBufferError:
+            raise
+        except (duckdb.Error, pa.ArrowException, OSError) as e:  # a source's error comes back as a plain OSError
             raise query_error(e) from e
-    finally:
-        con.close()
+    finally:  # close and free inside the bracket: their destructors release the GIL (issue 24)
+        with runtime.native_call("DuckDB scan", refuse=False):
+            reader = None
+            con.close()
+            con = None
+            tables.clear()  # the sources too (a pyarrow Dataset's destructor releases the GIL as well)
 
 
 #: Queued metadata inserts / replay counts are applied in the background past these (see ``_maybe_flush``).
@@ -100,7 +120,7 @@ class Catalog:
         self.spill_dir = spill_dir
         self.schema = schema
         self.meta_columns = meta_columns
-        self.lock = threading.RLock()
+        self.lock = runtime.NativeLock("DuckDB query")  # the exit hook waits for a query in flight
         self.con = duckdb.connect(":memory:")
         if threads:
             self.con.execute(f"SET threads = {int(threads)}")
@@ -482,12 +502,16 @@ class Catalog:
                 for name, obj in tables.items():
                     self.con.register(name, obj)
                 rel = self.con.sql(sql, params=params) if params is not None else self.con.sql(sql)
-                return rel.to_arrow_table() if rel is not None else pa.table({})
+                try:
+                    return rel.to_arrow_table() if rel is not None else pa.table({})
+                finally:
+                    rel = None  # freed under the lock: its destructor is native code too (exit safety)
             except duckdb.Error as e:
                 raise query_error(e) from e
             finally:
                 for name in tables:
                     self.con.unregister(name)
+                tables.clear()  # freed under the lock (exit safety: a Dataset's destructor is native code)
 
     def user_query(self, sql: str, params: list | dict | None = None) -> pa.Table:
         """A user's ``sql()``: one read-only statement (``sandbox.check_read_only``), then ``query``."""

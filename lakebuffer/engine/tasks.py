@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import WorkerError
+from ..errors import BackgroundDiskFullError, DiskFullError, WorkerError
 
 log = logging.getLogger("lakebuffer.tasks")
 
@@ -174,7 +174,8 @@ class TaskQueue:
             err, name = self._error, self._error_task
             self._error = None
         if err is not None:
-            raise WorkerError(f"background task {name!r} failed: {err}") from err
+            kind = BackgroundDiskFullError if isinstance(err, DiskFullError) else WorkerError
+            raise kind(f"background task {name!r} failed: {err}") from err
 
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until both queues are empty and no task runs; False on timeout."""
