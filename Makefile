@@ -9,11 +9,11 @@ PIP := $(VENV)/bin/pip
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e .
+	$(PIP) install -q -c constraints.txt -e .
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed pyproject.toml
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -c constraints.txt -e '.[dev]'
 	touch $@
 
 demo: $(VENV)/.installed
@@ -36,7 +36,7 @@ wheel-check: $(VENV)/.installed
 # Ray is in .[dev] already, so the Ray tests also run in `make test`. CI (.ci/run) runs this after `make test`.
 $(VENV)/.installed-integration: $(VENV)/.installed-dev requirements-integration.txt
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -r requirements-integration.txt
+	$(PIP) install -q -c constraints.txt -r requirements-integration.txt
 	$(PIP) install -q --no-deps verl==0.9.1
 	touch $@
 
@@ -46,7 +46,7 @@ test-integration: $(VENV)/.installed-integration
 # the bench extra: torch (the CPU wheel, pinned first so no CUDA build is pulled) and torchrl for the TorchRL baseline
 $(VENV)/.installed-bench: $(VENV)/.installed-dev pyproject.toml
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[bench]'
+	$(PIP) install -q -c constraints.txt -e '.[bench]'
 	touch $@
 
 bench: $(VENV)/.installed-bench

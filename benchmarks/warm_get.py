@@ -78,7 +78,6 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--ingest-mb", type=int, default=512)
     ap.add_argument("--ingest-trials", type=int, default=5)
-    ap.add_argument("--prefill", action="store_true", help="prefill the buffer's fragment maps at write-back")
     ap.add_argument("--merged", action="store_true", help="also (d): IPC files of 8 fragments each")
     a = ap.parse_args()
     root = Path(a.dir or tempfile.mkdtemp(prefix="warm-get-"))
@@ -88,7 +87,6 @@ def main() -> None:
 
     # --- (a) the real buffer, today's warm tier -------------------------------------------------
     buf = ReplayBuffer.open(root / "buf", memory_limit_mb=a.budget_mb, snapshot_interval_s=None, run_id="bench")
-    buf.warm.prefill_maps = a.prefill
     c0, t0, nbytes, keys = cpu(), time.perf_counter(), 0, []
     for t in stream(int(a.gb * 2**30)):
         keys.append(buf.push(t.drop_columns(["run_id", "key"])))
@@ -124,7 +122,7 @@ def main() -> None:
 
     d20 = root / "l20.lance"
     for f in frags:
-        t = s.warm.mapped(f).table
+        t = s.warm.read(f)
         c = cpu()
         ds21 = lance.write_dataset(t, str(d21), mode="append" if ds21 else "create", max_rows_per_file=t.num_rows,
                                    data_storage_version="2.1")

@@ -337,6 +337,7 @@ class ReplayBuffer:
             raise TimeoutError(f"background work still queued after {timeout} s")
         self.tasks.check()
         self.index.flush()
+        self._catalog.warm_now()  # queued metadata inserts applied: the next sample does not pay them
 
     def evict_all(self) -> None:
         """Write every hot batch to the warm tier now (e.g. before a planned shutdown)."""
@@ -513,7 +514,10 @@ class ReplayBuffer:
                 try:
                     self._snapshots.release()
                 finally:
-                    self._dirlock.release()
+                    try:
+                        self._state.warm.close()  # open fragment files: the directory is let go whole
+                    finally:
+                        self._dirlock.release()
 
     def __enter__(self) -> ReplayBuffer:
         return self

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,7 @@ import pyarrow.compute as pc
 from . import predicate
 from .engine.tasks import P0, P1, TaskQueue
 from .errors import LakeBufferError, error_boundary, query_error
+from .lake import runtime
 from .resources import render_sql, sql_text
 from .sandbox import check_read_only, sandbox
 
@@ -53,23 +55,44 @@ def stream(sql: str, tables: dict[str, Any], batch_size: int, setup: list[str] =
     A scan may be consumed slowly (a training loop); on its own connection it never holds the
     catalog's lock, and the registered objects are a consistent snapshot the caller chose.
     """
-    con = sandbox(duckdb.connect(), memory_limit_bytes, spill_dir)
+    with runtime.native_call("DuckDB scan"):
+        con = duckdb.connect()
+        # one thread: DuckDB works only inside a fetch (below, bracketed for the exit hook), never
+        # between fetches on worker threads that may call into Python sources at exit (issue 24)
+        con.execute("SET threads = 1")
+        con = sandbox(con, memory_limit_bytes, spill_dir)
+    reader = None
     try:
-        for name, obj in tables.items():
-            con.register(name, obj)
-        for stmt in setup:
-            con.execute(stmt)
         try:
-            reader = con.sql(sql).to_arrow_reader(batch_size)
-            yield from reader
-        except (duckdb.Error, pa.ArrowException) as e:
+            with runtime.native_call("DuckDB scan"):
+                for name, obj in tables.items():
+                    con.register(name, obj)
+                for stmt in setup:
+                    con.execute(stmt)
+                reader = con.sql(sql).to_arrow_reader(batch_size)
+            while True:  # each fetch is one bracketed native call: the exit hook waits for it (issue 24)
+                with runtime.native_call("DuckDB scan"):
+                    try:
+                        batch = reader.read_next_batch()
+                    except StopIteration:
+                        break
+                yield batch
+        except LakeBufferError:
+            raise
+        except (duckdb.Error, pa.ArrowException, OSError) as e:  # a source's error comes back as a plain OSError
             raise query_error(e) from e
-    finally:
-        con.close()
+    finally:  # close and free inside the bracket: their destructors release the GIL (issue 24)
+        with runtime.native_call("DuckDB scan", refuse=False):
+            reader = None
+            con.close()
+            con = None
+            tables.clear()  # the sources too (a pyarrow Dataset's destructor releases the GIL as well)
 
 
 #: Queued metadata inserts / replay counts are applied in the background past these (see ``_maybe_flush``).
 _QUEUED_META_ROWS = 8192
+#: Writes quiet this long (seconds): the catalog applies queued inserts and re-registers its views (``warm_soon``).
+WARM_QUIET_S: float | None = 0.05
 _QUEUED_COUNT_ROWS = 262_144
 #: Replay events wait for a statement that reads ``replays`` or this many rows (then a background insert)
 _QUEUED_REPLAY_ROWS = 65_536
@@ -97,7 +120,7 @@ class Catalog:
         self.spill_dir = spill_dir
         self.schema = schema
         self.meta_columns = meta_columns
-        self.lock = threading.RLock()
+        self.lock = runtime.NativeLock("DuckDB query")  # the exit hook waits for a query in flight
         self.con = duckdb.connect(":memory:")
         if threads:
             self.con.execute(f"SET threads = {int(threads)}")
@@ -119,6 +142,14 @@ class Catalog:
         self._persist: Callable[[list[str], list[int]], None] | None = None
         self._on_flushed: Callable[[], None] = lambda: None
         self._flush_queued = False
+        self._view_statements: list[str] = []
+        self._warm_guard = threading.Lock()
+        self._warm_queued = False
+        self._last_write = 0.0
+        self._closed = False
+        self.warmed = 0  # warm-ups run (stats, tests)
+        #: rows given to insert_meta minus keys deleted: sizes the samplers' first guesses, no query needed
+        self.meta_rows_hint = 0
         self._persist_priorities: Callable[[list[str], list[float]], None] | None = None
         self.keeps_priorities = native_meta
         self.memory_bytes = 0  # what DuckDB holds (``meta`` above all), as of the last insert or delete
@@ -151,7 +182,15 @@ class Catalog:
                 self._synced = state
 
     def _register_sources(self, sources: dict[str, Any]) -> None:
-        self.define_views(sources, [self.render("tier_views", cold_columns=self.columns_sql()), sql_text("rollouts_view")])
+        """Register the tiers' objects; the views over them are (re)defined only when their SQL changed:
+        a view binds the registered name at query time, so a new object needs no new view (half of
+        a sync's ~4 ms, paid by the first statement after every push)."""
+        statements = [self.render("tier_views", cold_columns=self.columns_sql()), sql_text("rollouts_view")]
+        if statements == self._view_statements:
+            self.define_views(sources, [])
+        else:
+            self.define_views(sources, statements)
+            self._view_statements = statements
 
     def columns_sql(self) -> str:
         """The buffer's columns, quoted, in order (the cold rows' projection: the lake adds partition columns)."""
@@ -179,7 +218,50 @@ class Catalog:
         """
         with self.lock:
             self._pending.append(meta)
+            self.meta_rows_hint += meta.num_rows
         self._maybe_flush()
+        self.warm_soon()
+
+    def warm_soon(self) -> None:
+        """Once writes have been quiet for ``WARM_QUIET_S``, apply the queued metadata inserts on the
+        p1 worker, so the next statement (the first ``sample`` after an ingest) does not pay them
+        (issue 26). While writes keep coming it waits (many pushes share one insert).
+
+        It does not re-register the tiers' objects (``sync``): a registration keeps the hot tables
+        it names alive, and hot batches written back after it would stay in RAM outside the budget
+        until the next sync (measured: +38 MB over a 64 MB budget in a push-only run). A sync costs
+        the next statement ~2 ms (objects only; the views are not redefined)."""
+        if self._tasks is None or WARM_QUIET_S is None:
+            return
+        self._last_write = time.monotonic()
+        with self._warm_guard:
+            if self._warm_queued:
+                return
+            self._warm_queued = True
+        self._schedule_warm(WARM_QUIET_S)
+
+    def _schedule_warm(self, delay_s: float) -> None:
+        try:
+            self._tasks.submit_later(P1, self._warm, delay_s, name="catalog warm-up", surface=False)
+        except LakeBufferError:  # the queue is stopping (close): nothing left to warm for
+            with self._warm_guard:
+                self._warm_queued = False
+
+    def _warm(self) -> None:
+        quiet = time.monotonic() - self._last_write
+        if quiet < WARM_QUIET_S:  # written since it was queued: wait for the writes to stop
+            self._schedule_warm(WARM_QUIET_S - quiet)
+            return
+        with self._warm_guard:
+            self._warm_queued = False
+        self.warm_now()
+
+    def warm_now(self) -> None:
+        """Apply queued metadata inserts now (``flush()``, the warm-up)."""
+        if self._closed:
+            return
+        self.flush_inserts()
+        self.warmed += 1
 
     def _flush_pending(self) -> None:
         if not self._pending:
@@ -200,6 +282,7 @@ class Catalog:
     def delete_meta(self, keys: pa.Array) -> None:
         with self.lock:
             self._flush_pending()
+            self.meta_rows_hint = max(0, self.meta_rows_hint - len(keys))
             self.con.register("meta_gone", pa.table({"key": keys}))
             self.con.execute(sql_text("meta_delete"))
             if self.keeps_priorities:
@@ -419,12 +502,16 @@ class Catalog:
                 for name, obj in tables.items():
                     self.con.register(name, obj)
                 rel = self.con.sql(sql, params=params) if params is not None else self.con.sql(sql)
-                return rel.to_arrow_table() if rel is not None else pa.table({})
+                try:
+                    return rel.to_arrow_table() if rel is not None else pa.table({})
+                finally:
+                    rel = None  # freed under the lock: its destructor is native code too (exit safety)
             except duckdb.Error as e:
                 raise query_error(e) from e
             finally:
                 for name in tables:
                     self.con.unregister(name)
+                tables.clear()  # freed under the lock (exit safety: a Dataset's destructor is native code)
 
     def user_query(self, sql: str, params: list | dict | None = None) -> pa.Table:
         """A user's ``sql()``: one read-only statement (``sandbox.check_read_only``), then ``query``."""
@@ -457,5 +544,6 @@ class Catalog:
         return int(t.column(0)[0].as_py())
 
     def close(self) -> None:
+        self._closed = True
         with self.lock:
             self.con.close()

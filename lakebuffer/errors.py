@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import inspect
 from collections.abc import Callable
@@ -49,6 +50,35 @@ class LakeError(LakeBufferError, OSError):
     """The cold lake (S3 or fsspec URL) could not be read or written."""
 
 
+class DiskFullError(StorageError):
+    """A filesystem the buffer writes to is full (ENOSPC). The write that failed stored nothing and
+    everything acknowledged before stays durable: free space (or set ``disk_limit_gb`` /
+    ``disk_free_floor_gb`` so rows leave local disk first) and retry or reopen."""
+
+
+class LakeDiskFullError(LakeError, DiskFullError):
+    """The lake's filesystem is full: the snapshot committed nothing; local rows are kept."""
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """Whether ``e`` or an exception it was raised from is ENOSPC/EDQUOT (pyarrow puts errno in its text)."""
+    seen = 0
+    while e is not None and seen < 16:
+        if getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "[errno 28]" in str(e).lower() \
+                or "no space left on device" in str(e).lower():
+            return True
+        e = e.__cause__ or e.__context__  # type: ignore[assignment]
+        seen += 1
+    return False
+
+
+def disk_full(where: str, e: BaseException) -> DiskFullError:
+    """The error a full filesystem under ``where`` raises: what, where, and the fix."""
+    return DiskFullError(f"{where}: the filesystem is full ({type(e).__name__}: {e}); the write that failed stored "
+                         "nothing and every acknowledged row is kept: free space on it (or set disk_limit_gb / "
+                         "disk_free_floor_gb so rows leave local disk before it fills), then retry or reopen")
+
+
 class OldLakeFormatError(LakeError):
     """The lake was written by lakebuffer's own table format (before Delta Lake): not readable here."""
 
@@ -59,6 +89,11 @@ class LockedError(LakeBufferError, RuntimeError):
 
 class WorkerError(LakeBufferError, RuntimeError):
     """A background task failed; raised on the next API call so nothing fails silently."""
+
+
+class BackgroundDiskFullError(WorkerError, DiskFullError):
+    """A background task (write-back) met a full filesystem; raised on the next call like any
+    ``WorkerError``, and catchable as the ``DiskFullError`` / ``StorageError`` it is."""
 
 
 class KeyNotFoundError(LakeBufferError, KeyError):
@@ -138,3 +173,8 @@ def query_error(e: Exception) -> LakeBufferError:
 
 class OptionError(LakeBufferError, ValueError):
     """An option or argument has a bad name or value (the message names it and what is allowed)."""
+
+
+class SamplerError(OptionError, TypeError):
+    """What was given as a sampler is not one: not a name, nor a class or object with
+    ``sample(catalog, n, where, rng)`` (the message says what it is and how to write one)."""

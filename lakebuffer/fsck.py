@@ -328,6 +328,11 @@ def _check(path: Path, repair: bool, lake_url: str | None, storage_options: dict
                 lost.extend(keys)
                 index.drop_batch(bid, keys)
                 repaired.append(f"forgot batch {bid} ({len(keys)} rows whose data is gone)")
+            for f in sorted(dead_frags - keep_frags):  # damaged files are kept aside, never deleted (issue 24)
+                if warm.file_of(f).exists():
+                    target = quarantine.move(warm.file_of(f), path, "warm",
+                                             f"warm fragment {f} fails its check (fsck --repair)")
+                    repaired.append(f"moved warm fragment {f}, which fails its check, to {target}")
             warm.drop_fragments(sorted(dead_frags - keep_frags))
         lake_fields: dict[str, Any] = {}
         if explicit_lake:

@@ -14,10 +14,14 @@ with `lakebuffer sql LAKE --query <name>`) and polars for the frames, matplotlib
 Policy lag is measured **at replay**: every `sample()` records which policy version replayed each rollout
 (`buf.set_policy_version(v)` before sampling) in the run directory's `replays` table."""),
     ("code", """# Parameters: point LAKE at an existing lake (any fsspec URL) and RUN_DIRS at the runs' buffer directories
-# (run_id -> path; replay events live there). LAKE = None builds a small 3-run lake here.
+# (run_id -> path; replay events live there): any subset of the lake's runs, or none ({}). LAKE = None builds
+# a small 3-run lake here, with its run directories.
 LAKE = None
 RUN_DIRS = {}
-STORAGE_OPTIONS = None"""),
+STORAGE_OPTIONS = None
+MAX_OVERLAY = 4    # up to this many runs share one plot; more get one small panel each (same axes)
+MAX_COLUMNS = 30   # the pass-rate heatmap merges policy versions into at most this many columns
+TOP_PROMPTS = 40   # ... and shows the prompts with the most attempts"""),
     ("code", """import tempfile
 import numpy as np
 import polars as pl
@@ -51,7 +55,8 @@ def synthetic_run(root, lake, run_id, versions, solve_rate, seed):
         buf.flush()
         buf.snapshot(wait=True)
 
-if LAKE is None:
+SYNTHETIC = LAKE is None
+if SYNTHETIC:
     root = tempfile.mkdtemp(prefix="lakebuffer-nb-")
     LAKE = f"{root}/lake"
     for i, (run, versions, rate) in enumerate([("run-a", 6, 0.2), ("run-b", 8, 0.5), ("run-c", 4, 0.05)]):
@@ -59,73 +64,146 @@ if LAKE is None:
         RUN_DIRS[run] = f"{root}/{run}"
 
 view = lb.ReplayBuffer.open_lake(LAKE, storage_options=STORAGE_OPTIONS)
+if not len(view):
+    raise ValueError(f"{LAKE} holds no snapshotted rollouts: point LAKE at a lake runs have snapshotted to "
+                     "(buf.snapshot(wait=True) or the periodic snapshot), or LAKE = None for the demo lake")
 def q(name):
     return pl.from_arrow(view.sql(sql_text(f"analysis/{name}")))
-print(view.runs, len(view), "rollouts")"""),
+print(view.runs, len(view), "rollouts")
+
+# Plots: one shared axes for a few runs, small multiples (same axes) for many; every figure titled, every
+# axis labelled with its unit in brackets; markers only while the points are few enough to tell apart.
+def runs_of(frame):
+    return frame["run_id"].unique(maintain_order=True).to_list()
+
+def run_panels(runs, title, xlabel, ylabel, height=3.2):
+    runs = list(runs)
+    if len(runs) <= MAX_OVERLAY:
+        fig, ax = plt.subplots(figsize=(7, height), layout="constrained")
+        ax.set_title(title); ax.set_xlabel(xlabel); ax.set_ylabel(ylabel)
+        return fig, [(run, ax) for run in runs]
+    ncols = min(4, len(runs)); nrows = -(-len(runs) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.2 * ncols, 2.2 * nrows + 0.9), sharex=True, sharey=True,
+                             squeeze=False, layout="constrained")
+    fig.suptitle(title); fig.supxlabel(xlabel); fig.supylabel(ylabel)
+    for ax, run in zip(axes.flat, runs):
+        ax.set_title(run, fontsize=9)
+    for ax in axes.flat[len(runs):]:
+        ax.set_visible(False)
+    return fig, list(zip(runs, axes.flat))
+
+def legend(panels):
+    if len({id(ax) for _, ax in panels}) == 1 and len(panels) > 1:
+        panels[0][1].legend(title="run", fontsize=8)
+
+def style(n_points):
+    return {"marker": "o", "markersize": 4} if n_points <= 20 else {}"""),
     ("md", "## Rollouts per run and policy version"),
     ("code", """per_version = q("rollouts_per_run_version")
 assert per_version["rollouts"].sum() == len(view)
-per_version"""),
+per_version.group_by("run_id", maintain_order=True).agg(
+    versions=pl.col("policy_version").n_unique(), first_version=pl.col("policy_version").min(),
+    last_version=pl.col("policy_version").max(), rollouts=pl.col("rollouts").sum(),
+    response_tokens=pl.col("response_tokens").sum())"""),
     ("md", "## Reward distribution by policy version"),
     ("code", """rewards = q("reward_by_version")
-fig, ax = plt.subplots(figsize=(7, 3.5))
-for run, frame in rewards.group_by("run_id", maintain_order=True):
-    ax.plot(frame["policy_version"], frame["mean_reward"], marker="o", label=run[0])
+fig, panels = run_panels(runs_of(rewards), "Reward by policy version (line: mean; band: 25th-75th percentile)",
+                         "policy version (update #)", "reward (score as pushed)")
+for run, ax in panels:
+    frame = rewards.filter(pl.col("run_id") == run)
+    ax.plot(frame["policy_version"], frame["mean_reward"], label=run, **style(len(frame)))
     ax.fill_between(frame["policy_version"].to_numpy(), frame["q25"].to_numpy(), frame["q75"].to_numpy(), alpha=0.15)
-ax.set_xlabel("policy version"); ax.set_ylabel("reward (mean, IQR)"); ax.legend(); fig.tight_layout()
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+legend(panels)
 rewards"""),
     ("md", """## How stale was replayed data? (policy lag at replay)
 Lag = the policy version that replayed a rollout minus the version that generated it, one count per replay
-event (`sql/analysis/policy_lag_at_replay.sql` over each run directory's `replays` table)."""),
+event (`sql/analysis/policy_lag_at_replay.sql` over each run directory's `replays` table). Without run
+directories (`RUN_DIRS = {}`) the plot falls back to the lake's version gap (`policy_lag.sql`: each run's
+newest version minus a rollout's, weighted by its replays as snapshotted)."""),
     ("code", """def run_query(run_dir, name):
     with lb.ReplayBuffer.open(run_dir, lake=LAKE, storage_options=STORAGE_OPTIONS, snapshot_interval_s=0) as buf:
         return pl.from_arrow(buf.sql(sql_text(f"analysis/{name}")))
 
-lag = pl.concat([run_query(d, "policy_lag_at_replay") for d in RUN_DIRS.values()])
-fig, ax = plt.subplots(figsize=(7, 3.5))
-runs = lag["run_id"].unique(maintain_order=True).to_list()
-for i, run in enumerate(runs):
+frames = [run_query(d, "policy_lag_at_replay") for d in RUN_DIRS.values()]
+if frames:
+    lag = pl.concat(frames)
+    title, xlabel = "Policy lag at replay (RUN_DIRS' replay events)", "policy lag at replay (versions: replaying - generating)"
+else:
+    print("RUN_DIRS is empty: replay events live in the run directories; showing the lake's version gap instead")
+    lag = q("policy_lag").select("run_id", "lag", pl.col("samples").alias("replays"))
+    title, xlabel = "Version gap to each run's newest policy (lake; no RUN_DIRS)", "version gap (versions: newest - generating)"
+fig, panels = run_panels(runs_of(lag), title, xlabel, "replays (count)")
+shared = len({id(ax) for _, ax in panels}) == 1
+width = 1 / (len(panels) + 1) if shared else 0.8
+for i, (run, ax) in enumerate(panels):
     frame = lag.filter(pl.col("run_id") == run)
-    ax.bar(frame["lag"].to_numpy() + i / (len(runs) + 1), frame["replays"].to_numpy(), width=1 / (len(runs) + 1), label=run)
-ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-ax.set_xlabel("policy lag at replay (replaying version - rollout version)"); ax.set_ylabel("replays"); ax.legend(); fig.tight_layout()
-assert lag["replays"].sum() > 0 and lag["lag"].max() <= 2  # the synthetic runs replay versions >= current - 2
+    ax.bar(frame["lag"].to_numpy() + (i * width if shared else 0), frame["replays"].to_numpy(), width=width, label=run)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+legend(panels)
+if SYNTHETIC:
+    assert lag["replays"].sum() > 0 and lag["lag"].max() <= 2  # the synthetic runs replay versions >= current - 2
 lag"""),
     ("md", "## Zero-variance GRPO groups (all rewards equal: zero advantage, no learning signal)"),
     ("code", """zv = q("zero_variance_groups")
-fig, ax = plt.subplots(figsize=(7, 3))
-for run, frame in zv.group_by("run_id", maintain_order=True):
-    ax.plot(frame["policy_version"], frame["zero_variance_share"], marker="o", label=run[0])
-ax.xaxis.set_major_locator(MaxNLocator(integer=True)); ax.set_ylim(0, 1)
-ax.set_xlabel("policy version"); ax.set_ylabel("share of groups"); ax.legend(); fig.tight_layout()
+fig, panels = run_panels(runs_of(zv), "Zero-variance GRPO groups by policy version",
+                         "policy version (update #)", "zero-variance groups (share, 0-1)", height=3)
+for run, ax in panels:
+    frame = zv.filter(pl.col("run_id") == run)
+    ax.plot(frame["policy_version"], frame["zero_variance_share"], label=run, **style(len(frame)))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True)); ax.set_ylim(0, 1)
+legend(panels)
 zv"""),
     ("md", "## Truncation rate (responses at the generation cap)"),
     ("code", """trunc = q("truncation_rate")
-fig, ax = plt.subplots(figsize=(7, 3))
-for run, frame in trunc.group_by("run_id", maintain_order=True):
-    ax.plot(frame["policy_version"], frame["truncation_rate"], marker="o", label=run[0])
-ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-ax.set_xlabel("policy version"); ax.set_ylabel("truncated share"); ax.legend(); fig.tight_layout()
+fig, panels = run_panels(runs_of(trunc), "Truncation rate: responses at the run's longest length",
+                         "policy version (update #)", "truncated rollouts (share, 0-1)", height=3)
+for run, ax in panels:
+    frame = trunc.filter(pl.col("run_id") == run)
+    ax.plot(frame["policy_version"], frame["truncation_rate"], label=run, **style(len(frame)))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+legend(panels)
 trunc"""),
     ("md", "## Response length vs reward"),
     ("code", """lvr = q("length_vs_reward")
-fig, ax = plt.subplots(figsize=(7, 3))
-for run, frame in lvr.group_by("run_id", maintain_order=True):
-    ax.scatter(frame["length_bucket"], frame["mean_reward"], s=4 + frame["rollouts"].to_numpy() / 4, alpha=0.7, label=run[0])
-ax.set_xlabel("response length (tokens, 8-token buckets)"); ax.set_ylabel("mean reward"); ax.legend(); fig.tight_layout()
+fig, panels = run_panels(runs_of(lvr), "Mean reward by response length (dot area: rollouts)",
+                         "response length (tokens, 8-token buckets)", "mean reward (score as pushed)", height=3)
+for run, ax in panels:
+    frame = lvr.filter(pl.col("run_id") == run)
+    ax.scatter(frame["length_bucket"], frame["mean_reward"], s=4 + 60 * frame["rollouts"].to_numpy() / lvr["rollouts"].max(),
+               alpha=0.7, label=run)
+legend(panels)
 lvr"""),
-    ("md", "## Per-prompt pass rate over policy versions"),
+    ("md", """## Per-prompt pass rate over policy versions
+The prompts with the most attempts (`TOP_PROMPTS`), one panel per run; with many versions, adjacent versions
+share a column (attempts pooled) so no panel has more than `MAX_COLUMNS` columns."""),
     ("code", """passes = q("pass_rate_by_prompt")
-runs = passes["run_id"].unique(maintain_order=True).to_list()
-fig, axes = plt.subplots(1, len(runs), figsize=(4 * len(runs), 4), squeeze=False)
-for ax, run in zip(axes[0], runs):
-    grid = (passes.filter(pl.col("run_id") == run)
-            .pivot(on="policy_version", index="prompt_id", values="pass_rate").sort("prompt_id"))
-    cols = sorted((c for c in grid.columns if c != "prompt_id"), key=int)
-    im = ax.imshow(grid.select(cols).to_numpy(), aspect="auto", vmin=0, vmax=1, cmap="viridis")
-    ax.set_xticks(range(len(cols)), cols); ax.set_title(run); ax.set_xlabel("policy version")
-    ax.set_ylabel("prompt")
-fig.colorbar(im, ax=axes[0].tolist(), label="pass rate")
+top = (passes.group_by("prompt_id").agg(pl.col("attempts").sum())
+       .sort(["attempts", "prompt_id"], descending=[True, False]).head(TOP_PROMPTS)["prompt_id"].sort())
+v0, v1 = passes["policy_version"].min(), passes["policy_version"].max()
+span = -(-(v1 - v0 + 1) // MAX_COLUMNS)  # versions per column
+cells = (passes.filter(pl.col("prompt_id").is_in(top.implode()))
+         .with_columns(column=(pl.col("policy_version") - v0) // span)
+         .group_by("run_id", "prompt_id", "column").agg(rate=pl.col("passes").sum() / pl.col("attempts").sum()))
+n_cols, prompt_row = (v1 - v0) // span + 1, {p: i for i, p in enumerate(top)}
+runs = runs_of(passes)
+ncols = min(3, len(runs)); nrows = -(-len(runs) // ncols)
+fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 2.6 * nrows + 1), sharex=True, sharey=True,
+                         squeeze=False, layout="constrained")
+per = f"{span} versions per column" if span > 1 else "one version per column"
+fig.suptitle(f"Pass rate of the {len(top)} most-attempted prompts over policy versions ({per})")
+fig.supxlabel(f"policy version (update #; column start, {per})"); fig.supylabel(f"prompt ({len(top)} most attempted, by id)")
+for ax, run in zip(axes.flat, runs):
+    grid = np.full((len(top), n_cols), np.nan)
+    frame = cells.filter(pl.col("run_id") == run)
+    grid[[prompt_row[p] for p in frame["prompt_id"]], frame["column"].to_numpy()] = frame["rate"].to_numpy()
+    im = ax.imshow(grid, aspect="auto", vmin=0, vmax=1, cmap="viridis", interpolation="nearest",
+                   extent=(v0 - 0.5, v0 + n_cols * span - 0.5, len(top) - 0.5, -0.5))
+    ax.set_title(run, fontsize=9); ax.xaxis.set_major_locator(MaxNLocator(8, integer=True))
+    ax.set_yticks(range(len(top)), top.to_list() if len(top) <= 20 else [""] * len(top))
+for ax in axes.flat[len(runs):]:
+    ax.set_visible(False)
+fig.colorbar(im, ax=axes.ravel().tolist(), label="pass rate (share verified, 0-1)")
 passes.head()"""),
     ("md", "## Success-replay candidates: solved in one run, unsolved in another"),
     ("code", """cands = q("success_candidates")
@@ -137,17 +215,23 @@ assert (tokens["response_tokens"] > 0).all()
 tokens"""),
     ("md", "## Reuse per rollout (how often rollouts were replayed before the snapshot)"),
     ("code", """reuse = q("reuse_counts")
-fig, ax = plt.subplots(figsize=(7, 3))
+fig, panels = run_panels(runs_of(reuse), "Reuse per rollout: rollouts by times replayed (as snapshotted)",
+                         "times replayed (count)", "rollouts (count, log scale)", height=3)
 # one series per run, only the counts that occur: no zeros to draw on a log scale
-for run, frame in reuse.group_by("run_id", maintain_order=True):
-    ax.plot(frame["sample_count"], frame["rollouts"], marker="o", label=run[0])
-ax.set_yscale("log"); ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-ax.set_xlabel("times replayed"); ax.set_ylabel("rollouts"); ax.legend(); fig.tight_layout()
+for run, ax in panels:
+    frame = reuse.filter(pl.col("run_id") == run)
+    ax.plot(frame["sample_count"], frame["rollouts"], label=run, **style(len(frame)))
+    ax.set_yscale("log"); ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+legend(panels)
 assert reuse["rollouts"].dtype == pl.Int64 and (reuse["rollouts"] > 0).all()
 reuse"""),
     ("md", "## Seed a new run with another run's verified history"),
-    ("code", """seed_batch = view.sample(32, where="run_id <> 'run-c' AND verified", columns=["key", "run_id", "prompt_id", "reward"], seed=0)
-assert all(seed_batch.column("reward").to_pylist()) and "run-c" not in seed_batch.column("run_id").to_pylist()
+    ("code", """newcomer = view.runs[-1]  # the run to seed: every other run's verified rollouts are candidates
+seed_batch = view.sample(32, where=f"run_id <> '{newcomer}' AND verified", columns=["key", "run_id", "prompt_id", "reward"],
+                         seed=0, allow_fewer=True)
+assert newcomer not in seed_batch.column("run_id").to_pylist()
+if SYNTHETIC:
+    assert seed_batch.num_rows == 32 and all(seed_batch.column("reward").to_pylist())
 pl.from_arrow(seed_batch).head()"""),
 ]
 

@@ -191,7 +191,7 @@ def test_restore_of_damaged_lake_file_releases(tmp_path):
     threads, fds = _threads(), _fds()
     for _ in range(2):
         with pytest.raises(lb.LakeBufferError):
-            lb.ReplayBuffer.open(d, lake=lake, run_id="r", memory_limit_mb=64)
+            lb.ReplayBuffer.open(d, lake=lake, run_id="r", memory_limit_mb=64, restore="eager")
     _assert_released(d, threads, fds)
 
 

@@ -187,6 +187,41 @@ def test_a_users_own_sampler_is_used_by_name(buf):
         lb.samplers.register("not_a_sampler", dict)
 
 
+@readers("local", "lakeview", why="the sampler registry is per process: Ray shards do not see a name registered here")
+def test_a_class_with_a_sample_method_is_a_sampler_without_subclassing(buf):
+    """What the README promises: any class with ``sample(catalog, n, where, rng)`` registers and runs."""
+
+    class LargestKeys:  # no lakebuffer base class
+        def __init__(self, skip: int = 0):
+            self.skip = skip
+
+        def sample(self, catalog, n, where, rng):  # a plain list of keys is accepted too
+            sql = f"SELECT key FROM meta WHERE {where or 'TRUE'} ORDER BY key DESC LIMIT {n} OFFSET {self.skip}"
+            return catalog.query(sql).column("key").to_pylist()
+
+    lb.samplers.register("largest_keys", LargestKeys)
+    expected = [r["key"] for r in buf.sql("SELECT key FROM meta WHERE policy_version = 3 ORDER BY key DESC LIMIT 4").to_pylist()]
+    assert keys_of(buf, 3, sampler="largest_keys", where="policy_version = 3") == expected[:3]
+    assert keys_of(buf, 2, sampler="largest_keys", skip=2, where="policy_version = 3") == expected[2:4]
+    assert keys_of(buf, 2, sampler=LargestKeys(skip=1), where="policy_version = 3") == expected[1:3]
+    if isinstance(buf, lb.ReplayBuffer):  # return_info is the buffer's (TorchRL's) API
+        rows, info = buf.sample(2, sampler=LargestKeys, where="policy_version = 3", columns=["key"], return_info=True)
+        assert rows.column("key").to_pylist() == info["keys"].to_pylist() == expected[:2]
+    with pytest.raises(lb.OptionError, match="no option 'skp'"):
+        buf.sample(2, sampler="largest_keys", skp=1)
+
+    class NoRng:
+        def sample(self, catalog, n):
+            return []
+
+    for bad in (NoRng, dict):
+        with pytest.raises(lb.SamplerError, match=r"catalog, n, where, rng\)"):
+            lb.samplers.register("bad", bad)
+    with pytest.raises(lb.SamplerError, match="sample"):
+        buf.sample(2, sampler=NoRng())
+    assert "bad" not in lb.samplers.names()
+
+
 # --- uniform --------------------------------------------------------------------------------------
 POOL = "episode_id IS NULL AND policy_version < 5"  # 30 groups x 8 = 240 rows
 

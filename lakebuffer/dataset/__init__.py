@@ -34,7 +34,6 @@ from .shuffle import IterStats, iter_batches
 from .sources import ArrowDatasetSource, BufferSource, Source, Unit, as_source
 
 if TYPE_CHECKING:
-    from ..bench.dataset import bench_dataset
     from .torch import RolloutDataset, SamplingDataset
 
 __all__ = [
@@ -47,7 +46,6 @@ __all__ = [
     "Source",
     "Unit",
     "as_source",
-    "bench_dataset",
     "compile_predicate",
     "iter_batches",
     "one_batch",
@@ -61,14 +59,12 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """``RolloutDataset`` / ``SamplingDataset`` are built on first use (torch is imported only then);
-    ``bench_dataset`` lives in :mod:`lakebuffer.bench.dataset` and is re-exported lazily."""
+    """``RolloutDataset`` / ``SamplingDataset`` are built on first use (torch is imported only then).
+    (``bench_dataset`` is in :mod:`lakebuffer.bench.dataset`: the bench sits above the dataset layer.)"""
     if name in ("RolloutDataset", "SamplingDataset"):
         from .torch import dataset_class
 
         cls = dataset_class(name)
-    elif name == "bench_dataset":
-        from ..bench.dataset import bench_dataset as cls
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = cls

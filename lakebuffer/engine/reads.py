@@ -185,8 +185,10 @@ def row_bytes(s: BufferState, columns: Sequence[str]) -> float | None:
         tables = s.hot.tables()
         sample = tables[-1] if tables else None
         frags = s.warm.fragment_ids() if sample is None else []
-    if sample is None and frags:
-        sample = s.warm.mapped(frags[-1]).table
+    if sample is None and frags:  # the newest fragment's bytes on disk per row (its IPC layout; no data read)
+        layout = s.warm.opened(frags[-1]).layout
+        if layout.rows:
+            return layout.column_bytes([c for c in columns]) / layout.rows
     if sample is not None and sample.num_rows:
         return sample.select([c for c in columns if c in sample.column_names]).nbytes / sample.num_rows
     cold = s.cold.stats() if s.cold is not None else {"rows": 0}

@@ -176,7 +176,7 @@ def rebuild_index(path: Path, lake_url: str | None, storage_options: dict | None
         rows = 0
         for frag in frag_ids if warm is not None else []:
             try:
-                t = warm.mapped(frag).table.select(meta_cols)  # checked against its CRC32C footer
+                t = warm.read(frag, meta_cols)  # checked against its CRC32C footer
             except LakeBufferError as e:
                 problems.append(f"warm fragment {frag} fails its check and was not indexed: {e}")
                 continue

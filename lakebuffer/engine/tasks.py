@@ -3,11 +3,14 @@
 p0 holds critical work (push persistence, delete, snapshot), p1 low-priority work (eviction
 write-back, populate/prefetch). When both have work, a worker takes p0 with probability 0.8 and
 p1 with 0.2: neither can starve the other. A failed task is kept and re-raised on the next API
-call (``check()``), never swallowed.
+call (``check()``), never swallowed. ``submit_later`` queues best-effort work once a delay has passed
+(the catalog's warm-up after writes go quiet): ``drain`` does not wait for it, ``close`` drops it.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import random
 import threading
@@ -18,7 +21,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import WorkerError
+from ..errors import BackgroundDiskFullError, DiskFullError, WorkerError
 
 log = logging.getLogger("lakebuffer.tasks")
 
@@ -71,6 +74,8 @@ class TaskQueue:
         self._error: BaseException | None = None
         self._error_task = ""
         self._latency = (_Latency(), _Latency())
+        self._delayed: list[tuple[float, int, int, _Task]] = []  # (due, order, priority, task), a heap
+        self._order = itertools.count()
         self._submitted = 0  # sequence number of the last task queued
         self._open: dict[int, str] = {}  # sequence number -> kind, of tasks queued or running (``barrier``)
         self._threads = [
@@ -101,7 +106,29 @@ class TaskQueue:
             self._cv.notify()
         return task.future
 
+    def submit_later(self, priority: int, fn: Callable[[], Any], delay_s: float, name: str = "",
+                     surface: bool = True) -> Future:
+        """Queue ``fn`` at ``priority`` once ``delay_s`` seconds have passed (as ``submit`` then).
+
+        Best effort: ``drain`` and ``barrier`` do not wait for it, ``close`` cancels it if not yet due."""
+        task = _Task(fn, name or getattr(fn, "__name__", "task"), time.perf_counter(), surface)
+        with self._cv:
+            if self._stopping:
+                raise WorkerError("the task queue is stopped")
+            heapq.heappush(self._delayed, (time.monotonic() + max(0.0, delay_s), next(self._order), priority, task))
+            self._cv.notify()
+        return task.future
+
+    def _release_due(self) -> float | None:
+        """Move delayed tasks that are due into their queue; seconds until the next one (None: none)."""
+        now = time.monotonic()
+        while self._delayed and self._delayed[0][0] <= now:
+            _, _, prio, task = heapq.heappop(self._delayed)
+            self._queues[prio].append(task)
+        return max(0.0, self._delayed[0][0] - now) if self._delayed else None
+
     def _pick(self) -> tuple[int, _Task] | None:
+        self._release_due()
         p0, p1 = self._queues
         if p0 and p1:
             prio = P0 if self._rng.random() < _P0_SHARE else P1
@@ -120,7 +147,7 @@ class TaskQueue:
                 while picked is None:
                     if self._stopping:
                         return
-                    self._cv.wait()
+                    self._cv.wait(self._release_due())
                     picked = self._pick()
                 self._running += 1
             prio, task = picked
@@ -147,7 +174,8 @@ class TaskQueue:
             err, name = self._error, self._error_task
             self._error = None
         if err is not None:
-            raise WorkerError(f"background task {name!r} failed: {err}") from err
+            kind = BackgroundDiskFullError if isinstance(err, DiskFullError) else WorkerError
+            raise kind(f"background task {name!r} failed: {err}") from err
 
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until both queues are empty and no task runs; False on timeout."""
@@ -179,6 +207,7 @@ class TaskQueue:
             return {
                 "p0": len(self._queues[0]),
                 "p1": len(self._queues[1]),
+                "delayed": len(self._delayed),
                 "running": self._running,
                 "p0_latency": self._latency[0].summary(),
                 "p1_latency": self._latency[1].summary(),
@@ -189,9 +218,10 @@ class TaskQueue:
         finish, stop the workers. Dropped work is durable locally (WAL, warm tier) and redone at the next
         open; without this a worker could be inside native code when the interpreter finalizes."""
         with self._cv:
-            dropped = [t for q in self._queues for t in q]
+            dropped = [t for q in self._queues for t in q] + [d[3] for d in self._delayed]
             for q in self._queues:
                 q.clear()
+            self._delayed.clear()
             for t in dropped:
                 self._open.pop(t.seq, None)
             self._stopping = True
@@ -200,11 +230,15 @@ class TaskQueue:
             task.future.cancel()
 
     def close(self) -> None:
-        """Drain, then stop the workers."""
+        """Drain, then stop the workers (delayed tasks not yet due are cancelled)."""
         self.drain()
         with self._cv:
             self._stopping = True
+            dropped = [d[3] for d in self._delayed]
+            self._delayed.clear()
             self._cv.notify_all()
+        for task in dropped:
+            task.future.cancel()
         self._join()
 
     def stop(self) -> None:

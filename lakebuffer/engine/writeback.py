@@ -188,3 +188,4 @@ class WriteBack:
                 s.hot.remove(b)
                 s.wal.remove(b)
             self.budget.space.notify_all()
+        s.catalog.warm_soon()  # a write: the catalog's warm-up waits for the writes to stop

@@ -28,17 +28,18 @@ _TORCH_TO_ARROW = {
 }
 
 
-def arrow_type_for(value: Any) -> pa.DataType:
-    """The Arrow column type a batched field maps to when the config declares none."""
+def type_text_for(value: Any) -> str:
+    """The column type (the schema file's type language, or ``json``) a batched field gets when the
+    config declares none: tensors by dtype (a list per sample when they have per-sample dims),
+    strings as ``string``, any other Python objects as ``json`` text."""
     if isinstance(value, torch.Tensor):
         elem = _TORCH_TO_ARROW.get(value.dtype)
         if elem is None:
             raise SchemaError(f"tensors of dtype {value.dtype} have no Arrow column type")
-        return pa.list_(elem) if value.is_nested or value.dim() > 1 else elem
-    items = list(value)
-    if all(isinstance(v, str) for v in items):
-        return pa.string()
-    raise SchemaError("a non-tensor field must hold strings (other Python objects would need pickling)")
+        name = {pa.float32(): "float32", pa.float16(): "float16", pa.float64(): "float64"}.get(elem, str(elem))
+        return f"list<{name}>" if value.is_nested or value.dim() > 1 else name
+    items = value.tolist() if isinstance(value, NonTensorStack) else list(value)
+    return "string" if items and all(isinstance(v, str) for v in items) else "json"
 
 
 def _flat_numpy(t: torch.Tensor) -> np.ndarray:
@@ -109,14 +110,15 @@ def to_field(column: pa.Array | pa.ChunkedArray, schema: dict[str, Any]) -> Any:
         return NonTensorStack(*arr.to_pylist())
     dtype = _torch_dtype(schema.get("dtype"))
     if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
+        # TransferQueue's default backend hands every field with per-sample dims back as a jagged
+        # nested tensor (dense puts included) and a 1-D field as a dense (B,) tensor: the same forms here
         values = _owned(arr.flatten(), dtype)
-        if schema.get("is_nested"):
-            lengths = np.asarray(arr.value_lengths().to_numpy(zero_copy_only=False), dtype=np.int64)
-            inner = tuple(schema.get("shape") or ())[1:]  # TransferQueue records the first sample's shape
-            width = int(np.prod(inner, dtype=np.int64)) if inner else 1
-            offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]) // width)
-            return torch.nested.nested_tensor_from_jagged(values.reshape(-1, *inner), offsets)
-    else:
-        values = _owned(arr, dtype)
-    shape = tuple(schema.get("shape") or ())
-    return values.reshape(n, *shape) if shape else values.reshape(n)
+        shape = schema.get("shape")
+        per_sample = schema.get("per_sample_shapes")
+        first = tuple(shape) if shape else (tuple(per_sample[0]) if per_sample and per_sample[0] is not None else ())
+        inner = first[1:]
+        width = int(np.prod(inner, dtype=np.int64)) if inner else 1
+        lengths = np.asarray(arr.value_lengths().to_numpy(zero_copy_only=False), dtype=np.int64)
+        offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]) // width)
+        return torch.nested.nested_tensor_from_jagged(values.reshape(-1, *inner), offsets)
+    return _owned(arr, dtype).reshape(n)

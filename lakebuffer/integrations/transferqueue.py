@@ -28,11 +28,14 @@ rows that hold the asked fields; a clear deletes every row of the samples.
 
 from __future__ import annotations
 
+import atexit
 import json
+import logging
 import os
 import time
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,8 +44,10 @@ import pyarrow.compute as pc
 
 from ..errors import LakeBufferError, OptionError, SchemaError
 from ..schema import ROLLOUT_SCHEMA
-from .tensor_columns import to_arrow, to_field
-from .tq_store import StoreBody, ipc_bytes, read_ipc
+from .tensor_columns import to_arrow, to_field, type_text_for
+from .tq_journal import REQUIRED as _REQUIRED
+from .tq_journal import neutral
+from .tq_store import TQ_COLUMNS, StoreBody, ipc_bytes, read_ipc
 
 try:  # the backend needs the real package; the error says how to get it
     import ray
@@ -58,13 +63,13 @@ except ImportError as e:  # pragma: no cover - depends on the install
         "(with torch, tensordict and ray)"
     ) from e
 
+log = logging.getLogger("lakebuffer")
 BACKEND = "LakeBuffer"
 CLIENT = "lakebuffer"
 NAMESPACE = "transfer_queue"
 DEFAULT_ACTOR = "LakeBufferStore"
+CONTROLLER = "TransferQueueController"  # the name tq.init gives its controller actor
 _STARTED: dict[str, Any] = {}  # store actors this process started, kept alive until close_store
-# rollout columns every row needs: a put that does not carry one gets a neutral value (_neutral)
-_REQUIRED = ("prompt_id", "policy_version", "prompt_ids", "response_ids", "reward")
 _OPEN_OPTIONS = ("lake", "run_id", "memory_limit_mb", "snapshot_interval_s", "storage_options", "durability",
                  "sync", "push_timeout_s", "max_rows", "max_policy_lag", "lake_timeout_s", "takeover")
 _SETTINGS = {"path", "columns", "fields", "actor_name", "actor_options", "lifetime", "retry_s", "client_name",
@@ -93,11 +98,22 @@ def _cfg(config: Any) -> dict[str, Any]:
 
 # the store actor ------------------------------------------------------------------------------
 def start_store(config: Any) -> Any:
-    """Start (or find) the named store actor for a ``LakeBuffer`` config; returns its handle."""
+    """Start (or find) the named store actor for a ``LakeBuffer`` config; returns its handle.
+
+    The process that starts it owns it: the actor lives while this process does (it ends with the
+    job) or until :func:`close_store`; a later ``tq.init`` in the same process reuses it."""
     cfg = _cfg(config)
     if not cfg.get("path"):
         raise SchemaError("backend.LakeBuffer.path is required: the buffer directory of the store")
     name = cfg.get("actor_name") or DEFAULT_ACTOR
+    owned = _STARTED.get(name)
+    if owned is not None:
+        try:
+            if ray.get(owned.path.remote()) == str(Path(cfg["path"])):
+                return owned  # keep the owning handle: a non-owning one would let Ray end the actor
+            close_store(cfg)  # another path under the same actor name: this one is closed (its WAL is whole)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+            _STARTED.pop(name, None)
     open_kwargs = {k: cfg[k] for k in _OPEN_OPTIONS if cfg.get(k) is not None}
     actor_cls = ray.remote(StoreBody).options(
         name=name, namespace=NAMESPACE, get_if_exists=True, lifetime=cfg.get("lifetime"),
@@ -105,8 +121,20 @@ def start_store(config: Any) -> Any:
     )
     handle = actor_cls.remote(str(cfg["path"]), open_kwargs, cfg.get("fields"))
     ray.get(handle.pid.remote())  # the buffer is open (WAL replayed) before tq.init returns
+    if not _STARTED:
+        atexit.register(_close_all)  # a clean exit closes the buffers (a crash leaves the WAL: also fine)
     _STARTED[name] = handle  # an actor dies with its creator's last handle; tq.close() drops TQ's
     return handle
+
+
+def _close_all() -> None:
+    if not ray.is_initialized():
+        return  # Ray is gone, and the actors with it (their WAL holds every acknowledged put)
+    for name in list(_STARTED):
+        try:
+            close_store({"actor_name": name})
+        except Exception:  # noqa: BLE001 - interpreter exit: Ray may be gone already
+            pass
 
 
 def store_handle(config: Any = None) -> Any:
@@ -144,8 +172,20 @@ def register() -> None:
 
 @StorageBootstrapProvider.register_provider(BACKEND)
 def _bootstrap(conf: Any) -> dict[str, Any]:
-    """``tq.init``'s hook for ``storage_backend: LakeBuffer``: start the store before any client."""
-    return {"store": start_store(conf.backend[BACKEND])}
+    """``tq.init``'s hook for ``storage_backend: LakeBuffer``: start the store, give the controller
+    TransferQueue just created every key, tag and field the journal holds, and make it journal each
+    later acknowledged operation (``tq_controller``), all before any client connects."""
+    from . import tq_controller
+
+    cfg = _cfg(conf.backend[BACKEND])
+    store = start_store(cfg)
+    t0 = time.perf_counter()
+    controller = ray.get_actor(CONTROLLER, namespace=NAMESPACE)
+    restored = tq_controller.install(controller, cfg.get("actor_name") or DEFAULT_ACTOR, NAMESPACE,
+                                     ray.get(store.journal_state.remote()), float(cfg.get("retry_s", 120)))
+    seconds = time.perf_counter() - t0
+    log.info("restored %d TransferQueue samples from the journal in %.2f s", restored, seconds)
+    return {"store": store, "restored": restored, "restore_s": seconds}
 
 
 # the client -----------------------------------------------------------------------------------
@@ -166,9 +206,12 @@ class LakeBufferStorageClient(StorageKVClient):
         self.retry_s = float(cfg.get("retry_s", 120))
         self.columns: dict[str, str] = dict(cfg.get("columns") or {})  # lakebuffer column -> TQ field
         self.to_column = {field: col for col, field in self.columns.items()}
-        self.json_fields = {f for f, t in (cfg.get("fields") or {}).items() if str(t).strip() == "json"}
         self.store = store_handle(cfg)
-        self.schema = pa.ipc.read_schema(pa.py_buffer(self._call("schema")))
+        self._set_schema(self._call("schema"))
+
+    def _set_schema(self, data: bytes) -> None:
+        self.schema = pa.ipc.read_schema(pa.py_buffer(data))
+        self.json_cols = {f.name for f in self.schema if (f.metadata or {}).get(b"lakebuffer.tq") == b"json"}
 
     # transport ------------------------------------------------------------------------
     def _call(self, method: str, *args: Any) -> Any:
@@ -187,13 +230,24 @@ class LakeBufferStorageClient(StorageKVClient):
 
     # columnar API (the manager's) -------------------------------------------------------
     def column_of(self, field: str) -> str:
-        """The buffer column holding TransferQueue field ``field``."""
-        col = self.to_column.get(field, field)
-        if col not in self.schema.names or col in ("key", "tq_partition", "tq_index", "tq_fields"):
-            raise SchemaError(
-                f"TransferQueue field {field!r} has no lakebuffer column: declare it in backend.LakeBuffer.fields "
-                f"(e.g. {field}: list<float32>) or map it to a rollout column in backend.LakeBuffer.columns")
+        """The buffer column holding TransferQueue field ``field`` (a field named like a rollout or
+        bookkeeping column and not mapped onto it in ``columns`` gets ``tqf_<field>``)."""
+        col = self.to_column.get(field)
+        if col is None:
+            col = f"tqf_{field}" if field in ROLLOUT_SCHEMA.names or field in TQ_COLUMNS.names else field
         return col
+
+    def _ensure_columns(self, data: dict[str, Any]) -> None:
+        """Columns for the fields this put brings first, typed from their values (``add_fields``)."""
+        missing = {}
+        for field, value in data.items():
+            col = self.column_of(field)
+            if col not in self.schema.names:
+                if col in ROLLOUT_SCHEMA.names:
+                    raise SchemaError(f"TransferQueue field {field!r} maps to rollout column {col!r}, missing")
+                missing[col] = type_text_for(value)
+        if missing:
+            self._set_schema(self._call("add_fields", missing))
 
     def put_batch(self, partition: str, indexes: Sequence[int], data: dict[str, Any]) -> list[str]:
         """Store one batch (field -> batched value) as one row per sample; returns the row keys."""
@@ -201,12 +255,13 @@ class LakeBufferStorageClient(StorageKVClient):
         put_id = uuid.uuid4().hex[:16]
         idx = pa.array(np.asarray(indexes, dtype=np.int64))
         keys = pc.binary_join_element_wise(put_id, pc.cast(idx, pa.string()), "/")
+        self._ensure_columns(data)
         cols: dict[str, pa.Array] = {"key": keys}
         for field, value in data.items():
             col = self.column_of(field)
             if col in cols:
                 raise SchemaError(f"two TransferQueue fields map to lakebuffer column {col!r}")
-            if field in self.json_fields:
+            if col in self.json_cols:
                 value = _json_texts(field, value)
             cols[col] = to_arrow(value, self.schema.field(col).type, field)
         part = pa.array([partition] * 1, pa.string()).take(pa.array(np.zeros(n, dtype=np.int64)))
@@ -214,9 +269,9 @@ class LakeBufferStorageClient(StorageKVClient):
                     tq_fields=pa.repeat(pa.scalar("," + ",".join(sorted(data)) + ","), n))
         for col in _REQUIRED:  # neutral values for the rollout columns this put does not carry
             if col not in cols:
-                cols[col] = _neutral(col, self.schema.field(col).type, part, idx)
-        self._call("put", ipc_bytes(pa.table(cols)))
-        return keys.to_pylist()
+                cols[col] = neutral(col, self.schema.field(col).type, part, idx)
+        prefix = self._call("put", ipc_bytes(pa.table(cols)))
+        return [prefix + k for k in keys.to_pylist()]
 
     def get_batch(self, row_keys: dict[str, list[str]], field_schema: dict[str, dict]) -> dict[str, Any]:
         """Each field read from its rows (field -> row key per sample), as batched values."""
@@ -231,7 +286,7 @@ class LakeBufferStorageClient(StorageKVClient):
             table = read_ipc(data)
             for field in fields:
                 column = table.column(self.column_of(field))
-                if field in self.json_fields:
+                if self.column_of(field) in self.json_cols:
                     out[field] = NonTensorStack(*[json.loads(t) for t in column.to_pylist()])
                 else:
                     out[field] = to_field(column, field_schema.get(field, {}))
@@ -320,15 +375,6 @@ def _stack(values: list[Any]) -> Any:
             return torch.stack(values)
         return torch.nested.as_nested_tensor([v.reshape(-1) for v in values], layout=torch.jagged)
     return values
-
-
-def _neutral(col: str, type_: pa.DataType, part: pa.Array, idx: pa.Array) -> pa.Array:
-    n = len(idx)
-    if col == "prompt_id":
-        return pc.binary_join_element_wise(part, pc.cast(idx, pa.string()), "/")
-    if pa.types.is_list(type_):
-        return pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], type_.value_type))
-    return pa.array(np.zeros(n)).cast(type_)
 
 
 # the manager ----------------------------------------------------------------------------------

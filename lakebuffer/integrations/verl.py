@@ -39,8 +39,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..dataset import one_batch, pad_lists
-from .verl_json import pack_non_tensors, unpack_non_tensors
+from .verl_json import pack_non_tensors
+from .verl_like import like_dataproto
+from .verl_padded import padded_dataproto
 
 __all__ = ["from_dataproto", "push_dataproto", "sample_dataproto", "to_dataproto"]
 
@@ -202,66 +203,14 @@ def to_dataproto(
     ``non_tensor_batch``: ``uid`` = ``group_id`` and ``non_tensor_columns`` (those present), as
     object arrays. ``meta_info`` is passed through.
     """
-    torch = _torch()
-    from verl.protocol import DataProto
-
     if like is not None:
-        from .verl_like import like_dataproto
-
         return like_dataproto(rows, like, pad_token_id=pad_token_id, response_mask_column=response_mask_column,
                               non_tensor_json=non_tensor_json, non_tensor_fill=non_tensor_fill)
-    pad_token_id = 0 if pad_token_id is None else pad_token_id
-    batch = one_batch(rows) if isinstance(rows, pa.Table) else rows
-    names = batch.schema.names
-    for need in ("prompt_ids", "response_ids", "group_id"):
-        if need not in names:
-            raise KeyError(f"to_dataproto needs column {need!r} (sample with columns=None or include it)")
-    n = batch.num_rows
-    prompts, p_mask = pad_lists(batch.column("prompt_ids"), pad_value=pad_token_id, padding_side="left",
-                                width=max_prompt_length, truncation_side="left", dtype=np.int64)
-    responses, r_attn = pad_lists(batch.column("response_ids"), pad_value=pad_token_id, padding_side="right",
-                                  width=max_response_length, truncation_side="right", dtype=np.int64)
-    r_width = responses.shape[1]
-    attention = np.concatenate([p_mask, r_attn], axis=1)
-    position = np.clip(np.cumsum(attention, axis=1) - 1, 0, None)
-    if response_mask_column is not None and response_mask_column in names:
-        stored, _ = pad_lists(batch.column(response_mask_column), width=r_width, dtype=np.int64)
-        r_mask = stored * r_attn
-    else:
-        r_mask = r_attn
-    t = torch.from_numpy
-    tensors = {
-        "prompts": t(prompts),
-        "responses": t(responses),
-        "input_ids": t(np.concatenate([prompts, responses], axis=1)),
-        "attention_mask": t(attention),
-        "position_ids": t(position),
-        "response_mask": t(np.ascontiguousarray(r_mask)),
-    }
-    if "response_logprobs" in names and batch.column("response_logprobs").null_count == 0:
-        lp, _ = pad_lists(batch.column("response_logprobs"), pad_value=0.0, width=r_width, dtype=np.float32)
-        tensors[logprobs_key] = t(lp)
-    if "reward" in names:
-        reward = batch.column("reward").to_numpy(zero_copy_only=False).astype(np.float32)
-        dense = np.zeros((n, r_width), dtype=np.float32)
-        last = r_attn.sum(axis=1) - 1
-        has = last >= 0
-        dense[np.flatnonzero(has), last[has]] = reward[has]
-        for k in reward_keys:
-            tensors[k] = t(dense.copy())
-    if "advantage" in names and n and batch.column("advantage").null_count == 0:
-        adv = batch.column("advantage").to_numpy(zero_copy_only=False).astype(np.float32)
-        dense = (adv[:, None] * r_mask).astype(np.float32)
-        tensors["advantages"] = t(dense)
-        tensors["returns"] = t(dense.copy())
-    non_tensors = {"uid": np.array(batch.column("group_id").to_pylist(), dtype=object)}
-    for name in non_tensor_columns:
-        if name in names and name not in non_tensors:
-            non_tensors[name] = np.array(batch.column(name).to_pylist(), dtype=object)
-    if non_tensor_json is not None and non_tensor_json in names:
-        for name, values in unpack_non_tensors(batch.column(non_tensor_json)).items():
-            non_tensors.setdefault(name, values)
-    return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=dict(meta_info or {}))
+    return padded_dataproto(rows, pad_token_id=pad_token_id, max_prompt_length=max_prompt_length,
+                            max_response_length=max_response_length, logprobs_key=logprobs_key,
+                            reward_keys=reward_keys, non_tensor_columns=non_tensor_columns,
+                            response_mask_column=response_mask_column, meta_info=meta_info,
+                            non_tensor_json=non_tensor_json)
 
 
 def push_dataproto(buffer: Any, data: Any, **kwargs: Any) -> pa.Array:

@@ -39,6 +39,7 @@ import pyarrow as pa
 
 from ..errors import SchemaError
 from .verl_json import object_array, unpack_non_tensors
+from .verl_padded import padded_dataproto
 
 __all__ = ["like_dataproto"]
 
@@ -103,13 +104,11 @@ def like_dataproto(
     import torch
     from verl.protocol import DataProto
 
-    from .verl import to_dataproto
-
     p_w, r_w = _check_layout(like)
     pad = _pad_token(like) if pad_token_id is None else pad_token_id
-    base = to_dataproto(rows, pad_token_id=pad, max_prompt_length=p_w, max_response_length=r_w,
-                        logprobs_key="rollout_log_probs", reward_keys=("rm_scores",), non_tensor_columns=(),
-                        response_mask_column=response_mask_column)
+    base = padded_dataproto(rows, pad_token_id=pad, max_prompt_length=p_w, max_response_length=r_w,
+                            logprobs_key="rollout_log_probs", reward_keys=("rm_scores",), non_tensor_columns=(),
+                            response_mask_column=response_mask_column)
     n = len(base)
     have = dict(base.batch.items())
     if "rollout_log_probs" in have:

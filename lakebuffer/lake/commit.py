@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
-from ..errors import LakeBufferError, LakeError, LockedError, SchemaError
+from ..errors import LakeBufferError, LakeDiskFullError, LakeError, LockedError, SchemaError, is_disk_full
 from ..schema import ROLLOUT_SCHEMA, cast_to, key_array
 from .delta import app_id
 from .entries import add_action, entries_of, remove_action
@@ -155,6 +155,10 @@ def commit_snapshot(
             for w in (writer, rewriter):
                 if w is not None:
                     w.abort()
+        if not committing and is_disk_full(e):  # the lake's filesystem is full: say so, and the fix
+            raise LakeDiskFullError(f"snapshot of run {run_id!r} to lake {lake.url} failed, nothing was committed: "
+                                    f"its filesystem is full ({e}); every row stays in the local buffer: free "
+                                    "space in the lake (or run gc / set retention), then snapshot again") from e
         if not committing and type(e) is LakeError:  # a storage error before the commit
             raise LakeError(f"snapshot of run {run_id!r} to lake {lake.url} failed, nothing was committed: {e}") from e
         if e is user_error or isinstance(e, (LakeBufferError, KeyboardInterrupt)):

@@ -79,6 +79,8 @@ _inflight = 0
 _closing = False
 _deadline: float | None = None
 _installed = False
+_exiting_for_real = False
+_hook_done = False  # the atexit hook has returned: finalization may run at any moment
 _threads: list[tuple[threading.Thread, Callable[[], None] | None]] = []
 
 
@@ -93,28 +95,93 @@ def install() -> None:
         if _installed:
             return
         _installed = True
-    atexit.register(shutdown)
+    atexit.register(_at_exit)
 
 
-@contextlib.contextmanager
-def native_call(what: str = "lake call") -> Iterator[None]:
-    """Bracket a delta-rs / Arrow call so the exit hook can wait for it.
+def _at_exit() -> None:
+    """The atexit hook: from here on a daemon thread asking for a native call is parked, not refused."""
+    global _exiting_for_real, _hook_done
+    _exiting_for_real = True
+    shutdown()
+    _hook_done = True
 
-    Once exit has begun, calls from other threads are refused (``LakeExitingError``); the main thread
-    may still call (e.g. a ``close()`` in a later atexit hook): it finishes before finalization goes on.
-    """
+
+def enter_native(what: str = "lake call", refuse: bool = True) -> None:
+    """Count one native call in flight (``leave_native`` ends it); see ``native_call``."""
     install()
     global _inflight
     with _cond:
-        if _closing and threading.current_thread() is not threading.main_thread():
-            raise LakeExitingError(f"{what} refused: the interpreter is exiting")
-        _inflight += 1
+        me = threading.current_thread()
+        other = me is not threading.main_thread()
+        refused = refuse and _closing and other
+        late = _hook_done and other and me.daemon  # even a cleanup would race finalization now
+        if not (refused or late):
+            _inflight += 1
+    if refused or late:
+        if _exiting_for_real and me.daemon:
+            # The interpreter is exiting: an exception would unwind this thread through more native code
+            # (deallocs that release the GIL) while finalization runs, which is what aborts. Park it: the
+            # process ends with it blocked here, outside native code (issue 24; CPython 3.14 does the same).
+            threading.Event().wait()
+        raise LakeExitingError(f"{what} refused: the interpreter is exiting")
+
+
+def leave_native() -> None:
+    global _inflight
+    with _cond:
+        _inflight -= 1
+        _cond.notify_all()
+
+
+@contextlib.contextmanager
+def native_call(what: str = "lake call", refuse: bool = True) -> Iterator[None]:
+    """Bracket a delta-rs / Arrow / DuckDB call so the exit hook can wait for it.
+
+    Once exit has begun, calls from other threads are refused (``LakeExitingError``); the main thread
+    may still call (e.g. a ``close()`` in a later atexit hook): it finishes before finalization goes on.
+    ``refuse=False`` (cleanup such as closing a connection) is counted but never refused.
+    """
+    enter_native(what, refuse)
     try:
         yield
     finally:
-        with _cond:
-            _inflight -= 1
-            _cond.notify_all()
+        leave_native()
+
+
+class NativeLock:
+    """A re-entrant lock whose holder counts as a native call in flight (``native_call``).
+
+    Issue 24: a user's thread inside a DuckDB query when the interpreter exits aborted the process
+    (``terminate called without an active exception``: pybind11 re-takes the GIL in a ``noexcept``
+    destructor, CPython's finalization ``pthread_exit``s the thread, the forced unwind hits the
+    ``noexcept``). Every DuckDB call of the catalog runs under its lock; with this lock the exit hook
+    waits for a query in flight and refuses new ones from other threads.
+    """
+
+    def __init__(self, what: str) -> None:
+        self._lock = threading.RLock()
+        self._what = what
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        enter_native(self._what)
+        try:
+            ok = self._lock.acquire(blocking, timeout)
+        except BaseException:
+            leave_native()
+            raise
+        if not ok:
+            leave_native()
+        return ok
+
+    def release(self) -> None:
+        self._lock.release()
+        leave_native()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 def register_thread(thread: threading.Thread, stop: Callable[[], None] | None = None) -> None:

@@ -39,8 +39,9 @@ KEY_HASH_COLUMN = "_key_hash"
 _META_COLUMNS: weakref.WeakKeyDictionary[Any, frozenset[str]] = weakref.WeakKeyDictionary()
 _SOURCES: weakref.WeakKeyDictionary[Any, dict[str, str]] = weakref.WeakKeyDictionary()
 _TOTALS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-#: population estimates of recent predicates (by shape), used only to size hash thresholds
-_POPULATION: OrderedDict[tuple, float] = OrderedDict()
+#: population estimates of recent predicates (by shape), with the catalog's row count when taken (scaled by its
+#: growth since: after a large ingest the old estimate would size the threshold for the old table); thresholds only
+_POPULATION: OrderedDict[tuple, tuple[float, int]] = OrderedDict()
 _CACHE_MAX = 512
 _CACHE_LOCK = threading.Lock()  # the caches are shared by every buffer of the process
 
@@ -146,9 +147,14 @@ def shape_of(pred: str) -> str:
     return predicate.shape(pred)
 
 
-def _remember(key: tuple, population: float) -> None:
+def _rows_hint(catalog: Catalog) -> int:
+    """The catalog's row count as it keeps it (0: it does not, e.g. a lake view's)."""
+    return int(getattr(catalog, "meta_rows_hint", 0) or 0)
+
+
+def _remember(key: tuple, population: float, rows: int) -> None:
     with _CACHE_LOCK:
-        _POPULATION[key] = population
+        _POPULATION[key] = (population, rows)
         _POPULATION.move_to_end(key)
         while len(_POPULATION) > _CACHE_MAX:
             _POPULATION.popitem(last=False)
@@ -194,10 +200,15 @@ def smallest_by_hash(
     (optional) gives the exact population, used once when that estimate was too high.
     """
     tables = tables or {}
+    rows_now = _rows_hint(catalog)
     with _CACHE_LOCK:
-        population = _POPULATION.get(cache_key)
-    if population is None:
-        population = float(_total_rows(catalog))
+        known = _POPULATION.get(cache_key)
+    if known is None:
+        population = float(rows_now or _total_rows(catalog))
+    else:
+        population, rows_then = known
+        if rows_then and rows_now:  # same selectivity, table grown (or shrunk) since
+            population *= rows_now / rows_then
     frac = 1.0 if k <= 0 else _fraction(k, population)
     counted = False
     while True:
@@ -223,7 +234,7 @@ def smallest_by_hash(
             estimate = k * (U64 / max(h_k, 1))
         else:
             estimate = float(found)
-        _remember(cache_key, max(estimate, 1.0))
+        _remember(cache_key, max(estimate, 1.0), rows_now)
     return rows, frac >= 1.0 and found < k
 
 

@@ -1,6 +1,7 @@
 """The sampler plugin interface: choose keys from metadata, never payload.
 
-A sampler is a small class with ``sample(catalog, n, where, rng) -> pa.Array`` of keys. It reads
+A sampler is a small class with ``sample(catalog, n, where, rng) -> pa.Array`` of keys (subclassing
+``Sampler`` gives the defaults below; any class with that method also registers, see ``registry``). It reads
 only the catalog's ``meta`` relation (or ``rollouts`` when the predicate needs other columns);
 the buffer then fetches the requested columns for the chosen keys, in the order returned.
 
@@ -16,7 +17,7 @@ Contract every built-in sampler keeps:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -35,6 +36,13 @@ class Sampler(ABC):
     needs_counts: ClassVar[bool] = False
     #: return fewer keys instead of raising ``NotEnoughRowsError`` (an instance option).
     allow_fewer: bool = False
+    #: True for samplers whose constructor passes unknown options on to another sampler.
+    forwards_options: ClassVar[bool] = False
+
+    @classmethod
+    def passed_on_options(cls, options: dict[str, Any]) -> list[str]:
+        """Option names, beside ``__init__``'s own, that a sampler built with ``options`` accepts."""
+        return []
 
     @abstractmethod
     def sample(self, catalog: Catalog, n: int, where: str | None, rng: np.random.Generator) -> pa.Array:

@@ -13,20 +13,28 @@ import numpy as np
 import pyarrow as pa
 
 from . import _common as c
+from . import registry
 from .base import Sampler
 
 
 def build(base: str | Sampler | type[Sampler], options: dict[str, Any]) -> Sampler:
-    from . import resolve  # the registry imports this module
-
-    return resolve(base, **options)
+    return registry.resolve(base, **options)
 
 
 class FilteredSampler(Sampler):
     """A predicate (``extra_predicate``) ANDed to ``where``, then the base sampler's choice."""
 
+    forwards_options = True
+
     def __init__(self, base: str | Sampler | type[Sampler] = "uniform", **base_options: Any) -> None:
         self.base = build(base, base_options)
+
+    @classmethod
+    def passed_on_options(cls, options: dict[str, Any]) -> list[str]:
+        """The base sampler's options (``base`` defaults to ``uniform``)."""
+        base = options.get("base", "uniform")
+        base_cls = registry.lookup(base) if isinstance(base, str) else base if isinstance(base, type) else None
+        return registry.option_names(base_cls) if base_cls is not None else []
 
     @property
     def allow_fewer(self) -> bool:  # type: ignore[override]

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Iterable
 from pathlib import Path
 
 import pyarrow as pa
 from crc32c import crc32c
 
-from ..errors import CorruptionError
+from ..errors import CorruptionError, LakeBufferError, StorageError, disk_full, error_boundary, is_disk_full
 from .checksum import crc32c_file, repair_hint
 
 
@@ -34,6 +35,17 @@ _FOOTER = struct.Struct("<I4s")
 _MAGIC = b"LBW1"
 
 
+def _wal_error(wal: WriteAheadLog, e: BaseException) -> LakeBufferError | None:
+    """An OS / Arrow error writing or listing segments: ``DiskFullError`` on ENOSPC, else ``StorageError``."""
+    if isinstance(e, (OSError, ValueError, pa.ArrowException)):
+        where = f"writing {getattr(wal, 'path', '')}"
+        if is_disk_full(e):
+            return disk_full(where, e)
+        return StorageError(f"{where}: {type(e).__name__}: {e} (free disk space or fix the directory, then reopen)")
+    return None
+
+
+@error_boundary(_wal_error)
 class WriteAheadLog:
     def __init__(self, path: Path, sync: bool = False) -> None:
         self.path = Path(path)
@@ -46,22 +58,36 @@ class WriteAheadLog:
     def _segment(self, batch_id: int) -> Path:
         return self.path / f"{batch_id:016d}.arrow"
 
-    def write(self, batch_id: int, table: pa.Table) -> None:
+    def write(self, batch_id: int, table: pa.Table | Iterable[pa.RecordBatch], schema: pa.Schema | None = None) -> None:
+        """Write a segment from a table, or from record batches of ``schema`` (streamed: one in memory)."""
         final = self._segment(batch_id)
         tmp = final.with_suffix(".arrow.tmp")
+        try:
+            self._write(final, tmp, table, schema)
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # a failed write (a full disk) leaves nothing behind
+            raise
+        st = os.stat(final)
+        self.written[batch_id] = (st.st_size, st.st_mtime_ns)
+        if self.sync:
+            fsync_path(self.path)
+
+    def _write(self, final: Path, tmp: Path, table: pa.Table | Iterable[pa.RecordBatch], schema: pa.Schema | None) -> None:
         with pa.OSFile(str(tmp), "wb") as f:  # native writes: no Python bytes copies per buffer
-            with pa.ipc.new_file(f, table.schema) as w:
-                w.write_table(table)
+            if isinstance(table, pa.Table):
+                with pa.ipc.new_file(f, table.schema) as w:
+                    w.write_table(table)
+            else:
+                assert schema is not None
+                with pa.ipc.new_file(f, schema) as w:
+                    for b in table:
+                        w.write_batch(b)
         crc = crc32c_file(tmp)  # read back from the page cache: no second copy of the batch in RAM
         with open(tmp, "ab") as f:
             f.write(_FOOTER.pack(crc, _MAGIC))
         if self.sync:
             fsync_path(tmp)
         os.replace(tmp, final)
-        st = os.stat(final)
-        self.written[batch_id] = (st.st_size, st.st_mtime_ns)
-        if self.sync:
-            fsync_path(self.path)
 
     def read(self, batch_id: int) -> pa.Table:
         """The segment's rows, after checking its CRC32C (``CorruptionError`` naming it and the fix)."""
@@ -69,8 +95,8 @@ class WriteAheadLog:
 
     def read_path(self, seg: Path) -> pa.Table:
         """Read and check one segment file (also one moved aside into quarantine)."""
-        try:
-            with pa.memory_map(str(seg)) as src:
+        try:  # read, not mapped: a segment another program truncates is an error here, not SIGBUS
+            with pa.OSFile(str(seg)) as src:
                 buf = src.read_buffer()
         except OSError as e:
             raise CorruptionError(f"WAL segment {seg} is missing ({e}); {repair_hint(self.path.parent)}") from e

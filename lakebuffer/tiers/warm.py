@@ -1,4 +1,4 @@
-"""The warm tier: evicted batches as memory-mapped Arrow IPC files, one file per fragment.
+"""The warm tier: evicted batches as Arrow IPC files, one file per fragment.
 
 Why IPC and not Lance (issue 17, measured side by side by ``benchmarks/warm_get.py``; 2 GB under a
 128 MB budget, 209 fragments, 240 interleaved calls each, on the shared 2-core machine): ``get`` of
@@ -6,8 +6,9 @@ Why IPC and not Lance (issue 17, measured side by side by ``benchmarks/warm_get.
 p50 from IPC files against 41-52 ms from Lance 2.1 and 49-66 ms from Lance 2.0 (today's buffer
 ``get``: 71-93 ms); writing a fragment costs ~3 s of CPU per GB in IPC against 4.4 (Lance 2.0) and
 6.8 (2.1). Lance's random access is built for remote object stores and large scans; a local tier
-that sits in the page cache is served best by a memory map and a zero-copy gather. See
-BENCHMARKS.md, "Warm tier for get (#17)".
+that sits in the page cache is served best by reading only the asked rows' bytes (issue 17 used a
+memory map; issue 24 replaced it with positioned reads, below). See BENCHMARKS.md, "Warm tier for get
+(#17)" and "Warm reads without a memory map (#24)".
 
 Layout: ``<buffer>/warm/<fragment:016d>.arrow``, each in the WAL's segment format (an Arrow IPC file
 followed by an 8-byte CRC32C footer, ``tiers.wal``). So a WAL segment *is* a warm fragment: write-back
@@ -15,16 +16,19 @@ promotes a pushed batch by hard-linking its segment into the tier (``adopt``): e
 once on ingest. A fragment holds whole rows, keys and metadata included, so fsck can rebuild the index
 from the files alone.
 
-Reads: ``take`` maps each fragment once (at most ``MAX_OPEN_MAPS`` open, oldest dropped first;
-pages are the page cache's, not the process's anonymous memory) and gathers the asked rows as
-one-row zero-copy slices joined by one native concat per column (``base.gather``). Pages fault in as
-rows are read; ``PREFILL_MAPS`` trades total RSS for first-read latency (see there).
-``arrow_source`` is a pyarrow dataset over the same maps for DuckDB.
+Reads (issue 24): no memory map. A mapped page of a file another program truncates kills the
+process with SIGBUS, and no check before the read can prevent it; so ``take`` reads only the asked
+rows' bytes of the asked columns with ``pread`` into the output's buffers (``tiers.ipcread``), and a
+scan (``arrow_source``, DuckDB) reads each record batch's asked columns with pyarrow's IPC reader
+over a plain file, one batch at a time. After every read the open file's (inode, size, mtime) must
+still be the verified one (a write changes mtime before it changes a byte): a file changed under a
+read is checked again and read once more, a damaged one raises ``CorruptionError``. Open files are
+kept (at most ``MAX_OPEN_FILES``), each with its parsed IPC layout.
 
 Integrity (issue 15, guarantee 2: reads never return data failing its checksum): a fragment is
 checked against its own CRC32C footer the first time this process reads it (``take``, or a DuckDB
-scan when it starts), and stays verified while its file keeps its (size, mtime); a changed file is
-checked again. A fragment this process wrote starts verified (its CRC32C was taken from the bytes
+scan when it starts), and stays verified while its file keeps its (inode, size, mtime); a changed
+file is checked again (a file modified within ``RACY_NS`` of its check is checked again next time). A fragment this process wrote starts verified (its CRC32C was taken from the bytes
 on disk), and so does an adopted WAL segment unchanged since this process wrote it; any other is
 checked when adopted.
 A fragment that fails raises ``CorruptionError`` naming the file and the fix, every time it is read.
@@ -36,13 +40,12 @@ index holds, never move): a deleted row's key becomes ``""`` (never a valid key)
 from __future__ import annotations
 
 import logging
-import mmap
 import os
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -50,17 +53,19 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pds
 from crc32c import crc32c
 
-from ..errors import CorruptionError, LakeBufferError, StorageError, error_boundary
-from .base import Location, ScannedDataset, Staged, gather
+from ..errors import CorruptionError, LakeBufferError, StorageError, disk_full, error_boundary, is_disk_full
+from .base import Location, Staged, gather
 from .checksum import repair_hint
+from .ipcread import Layout, LayoutError, Runs, read_layout, read_runs, runs_of
 from .wal import _FOOTER, _MAGIC, WriteAheadLog, fsync_path
+from .warmscan import DELETED_KEY, WarmDataset
 
 log = logging.getLogger("lakebuffer.warm")
 
-#: open memory maps kept (one per fragment); well under Linux's default 65,530 maps per process
-MAX_OPEN_MAPS = 4096
-#: the key a deleted row's slot carries inside a fragment (keys are never empty: ingest refuses "")
-DELETED_KEY = ""
+#: a scan reads a fragment in record batches of about this many bytes of the asked columns
+SCAN_CHUNK_BYTES = 1 << 20
+#: open fragment files kept (with their parsed layout); well under a default limit of 1,024 descriptors
+MAX_OPEN_FILES = 256
 
 
 def warm_path(buffer_dir: Path) -> Path:
@@ -74,7 +79,7 @@ def has_fragments(buffer_dir: Path) -> bool:
 
 
 def _signature(path: Path | str) -> tuple[int, int] | None:
-    """(size, mtime): what must stay the same for a verified fragment to stay verified."""
+    """(size, mtime): what the WAL recorded for a segment it wrote (``adopt`` compares the two)."""
     try:
         st = os.stat(path)
     except OSError:
@@ -82,85 +87,90 @@ def _signature(path: Path | str) -> tuple[int, int] | None:
     return st.st_size, st.st_mtime_ns
 
 
-#: ``madvise(MADV_POPULATE_READ)`` (Linux 5.14+; Python 3.11's ``mmap`` lacks the name): fill a new
-#: map's page tables from the page cache in one call
-_MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
-#: Prefill a fragment's map when write-back creates it, off by default. Measured (issue 17, 200 MB
-#: under a 16 MB budget on the loaded machine): `get` of 256 random rows 3-6 ms with it against
-#: ~30 ms without, as mapped pages stay in the page cache; but every prefilled page counts in the
-#: process's total RSS (file-backed, reclaimable), which the budget tests of #5/#7 bound: pushing
-#: 10x a 64 MB budget grew total RSS by 675 MB with it.
-PREFILL_MAPS = False
+Sig = tuple[int, int, int]
 
 
-def _map(path: Path | str, populate: bool, checksum: bool) -> tuple[pa.Buffer, int | None]:
-    """The whole file as a zero-copy Arrow buffer over a read-only map, and the CRC32C of all but its
-    8-byte footer if asked. The checksum reads through a second, short-lived map of the same open
-    file, so checking a fragment does not leave all its pages mapped (in RSS) for the process's life.
-    """
-    with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        if size == 0:
-            return pa.py_buffer(b""), None
-        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-        crc = None
-        if checksum and size >= _FOOTER.size:
-            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as tmp, memoryview(tmp) as view:
-                crc = crc32c(view[: size - _FOOTER.size])
-    if populate:
-        try:
-            mm.madvise(_MADV_POPULATE_READ)
-        except OSError:  # an older kernel: pages fault in on first touch instead
-            pass
-    return pa.py_buffer(mm), crc
+def _sig_of(st: os.stat_result) -> Sig:
+    """(inode, size, mtime): a write or truncate by anyone changes mtime before it changes a byte, a
+    rename-over changes the inode; what must stay the same for verified bytes to stay verified."""
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _path_sig(path: str) -> Sig | None:
+    try:
+        return _sig_of(os.stat(path))
+    except OSError:
+        return None
+
+
+#: bytes read per step while checking a fragment's CRC32C (anonymous memory, freed after the check)
+CHECK_CHUNK = 1 << 20
+#: a file modified this recently is checked but not trusted afterwards: its mtime may not change on a
+#: second write within the same clock tick (git's "racily clean" problem)
+RACY_NS = 50_000_000
+
+
+def _crc32c_of(fd: int, n: int) -> int:
+    """CRC32C of the first ``n`` bytes of ``fd`` by positioned reads (no map: a truncation is an error)."""
+    buf = bytearray(min(CHECK_CHUNK, max(n, 1)))
+    view = memoryview(buf)
+    crc, pos = 0, 0
+    while pos < n:
+        k = os.preadv(fd, [view[: min(len(buf), n - pos)]], pos)
+        if k <= 0:
+            raise LayoutError(f"file ends at {pos} of {n} bytes")
+        crc = crc32c(view[:k], crc)
+        pos += k
+    return crc
 
 
 @dataclass
-class _Mapped:
-    """One fragment, memory-mapped: its record batches and the first row of each."""
+class _Open:
+    """One fragment, open and verified: its file, its (inode, size, mtime) and its IPC layout."""
 
-    sig: tuple[int, int]
-    table: pa.Table
-    batches: list[pa.RecordBatch]
-    starts: np.ndarray  # first row of each batch, then the row count
+    sig: Sig
+    src: pa.OSFile  # closed when the last reader drops it (never under a running read)
+    layout: Layout
+
+    @property
+    def fd(self) -> int:
+        return self.src.fileno()
+
+    @property
+    def ipc_end(self) -> int:
+        return self.sig[1] - _FOOTER.size
+
+    def unchanged(self) -> bool:
+        """True while the open file still has the verified signature (checked after every read)."""
+        try:
+            return _sig_of(os.fstat(self.fd)) == self.sig
+        except OSError:
+            return False
+
+    def reader(self, columns: Sequence[str] | None = None) -> pa.ipc.RecordBatchFileReader:
+        """pyarrow's IPC reader over the open file (positioned reads, only ``columns`` when given)."""
+        opts = None
+        if columns is not None:
+            opts = pa.ipc.IpcReadOptions(included_fields=[self.layout.schema.get_field_index(c) for c in columns])
+        return pa.ipc.open_file(self.src, footer_offset=self.ipc_end, options=opts)
+
+
+class _Changed(Exception):
+    """A fragment's file changed while it was read: read it again (once) after checking it again."""
 
 
 def _warm_error(tier: WarmTier, e: BaseException) -> LakeBufferError | None:
     """pyarrow and the OS raise OSError / ValueError / ArrowException; the user sees a StorageError."""
     if isinstance(e, (OSError, ValueError, RuntimeError, pa.ArrowException)):
+        if is_disk_full(e):
+            return disk_full(f"warm tier {getattr(tier, 'path', '')}", e)
         return StorageError(f"warm tier {getattr(tier, 'path', '')}: {type(e).__name__}: {e}")
     return None
 
 
-class _WarmDataset(ScannedDataset):
-    """The warm fragments as DuckDB sees them: a scan first verifies and maps every fragment.
-
-    DuckDB calls ``scanner`` when a query actually reads the warm tier (not to bind a view), so a
-    query over ``meta`` only never pays for it. Deleted row slots are filtered out here.
-    """
-
-    _tier: Any = None
-    _ids: tuple[int, ...] = ()
-
-    @classmethod
-    def over(cls, tier: WarmTier, ids: Sequence[int]) -> _WarmDataset:
-        out = cls(tier.schema.empty_table())
-        out._tier, out._ids = tier, tuple(ids)
-        return out
-
-    def scanner(self, *args: Any, **kwargs: Any) -> Any:
-        tier: WarmTier = self._tier
-        tables = [tier.mapped(f).table for f in self._ids]
-        real = pds.dataset(tables or [tier.schema.empty_table()], schema=tier.schema)
-        if tier.has_deletes(self._ids):
-            live = pc.field("key") != pa.scalar(DELETED_KEY)
-            kwargs["filter"] = live if kwargs.get("filter") is None else kwargs["filter"] & live
-        return real.scanner(*args, **kwargs)
-
-
 @error_boundary(_warm_error)
 class WarmTier:
-    """Memory-mapped Arrow IPC fragments of evicted batches (implements ``Tier``). One writer at a time."""
+    """Arrow IPC fragments of evicted batches (implements ``Tier``). One writer at a time."""
 
     name = "warm"
 
@@ -175,8 +185,8 @@ class WarmTier:
         self._writer: WriteAheadLog | None = None  # created on the first write: fsck only reads
         self._lock = threading.Lock()  # writers (stage, delete, drop)
         self._maps_lock = threading.Lock()
-        self._maps: dict[int, _Mapped] = {}
-        self._verified: dict[int, tuple[int, int]] = {}  # fragment -> signature when it last passed
+        self._open: dict[int, _Open] = {}  # fragment -> open file + layout (at most MAX_OPEN_FILES)
+        self._verified: dict[int, Sig] = {}  # fragment -> signature when it last passed
         self._counts: dict[int, tuple[int, int, int]] = {}  # fragment -> (rows, live rows, bytes)
         self._published: set[int] = set(self._ids_on_disk())
         self._next = max(self._published, default=-1) + 1
@@ -184,7 +194,6 @@ class WarmTier:
         #: read-path verification on (the default, guarantee 3 of DESIGN.md); the benchmark switches it
         #: off only to measure what it costs (``lakebuffer bench --scenario verification``)
         self.verify_reads = True
-        self.prefill_maps = PREFILL_MAPS
 
     @property
     def buffer_dir(self) -> Path:
@@ -249,13 +258,11 @@ class WarmTier:
 
     def _entered(self, f: int, rows: int) -> Staged:
         path = self.file_of(f)
-        sig = _signature(path)
+        sig = _path_sig(str(path))
         if sig is not None:
             self._verified[f] = sig  # the writer's CRC32C was taken from the bytes on disk
-        nbytes = sig[0] if sig else 0
+        nbytes = sig[1] if sig else 0
         self._counts[f] = (rows, rows, nbytes)
-        if sig is not None and self.prefill_maps:
-            self._mapped(f, fresh=True)  # map it here (write-back's thread), not in the first reader's
         return Staged(part=f, rows=rows, nbytes=nbytes, files=(path.name,), checksum=None, handle=f)
 
     def publish(self, staged: Staged) -> None:
@@ -265,89 +272,185 @@ class WarmTier:
             self._version += 1
 
     # reading -----------------------------------------------------------------------------
-    def _verify_file(self, f: int, force: bool = False, fresh: bool = False) -> _Mapped:
-        """Map fragment ``f``, checking its CRC32C footer unless this process already did (or ``force``).
+    def _damaged(self, f: int, what: str) -> CorruptionError:
+        return CorruptionError(f"warm fragment {f}: file {self.file_of(f)} {what}; {repair_hint(self.buffer_dir)}")
 
-        ``fresh``: the file was just written or linked here (its pages are in the page cache).
+    def _verify_file(self, f: int, force: bool = False) -> _Open:
+        """Open fragment ``f``, check its CRC32C footer unless this process already did (or ``force``),
+        and parse its IPC layout; the file must keep one signature throughout, else it is checked again."""
+        path = str(self.file_of(f))
+        for _attempt in range(3):
+            try:
+                src = pa.OSFile(path)
+            except OSError as e:
+                raise self._damaged(f, f"is missing ({e})") from e
+            t0 = time.time_ns()
+            st = os.fstat(src.fileno())
+            sig, n = _sig_of(st), st.st_size
+            check = force or (self.verify_reads and self._verified.get(f) != sig)
+            try:
+                if n < _FOOTER.size or os.pread(src.fileno(), 4, n - 4) != _MAGIC:
+                    raise self._damaged(f, "has no checksum footer (torn or not a fragment)")
+                want, _ = _FOOTER.unpack(os.pread(src.fileno(), _FOOTER.size, n - _FOOTER.size))
+                if check and _crc32c_of(src.fileno(), n - _FOOTER.size) != want:
+                    if _sig_of(os.fstat(src.fileno())) != sig:
+                        continue  # changed while checked: check the new bytes
+                    raise self._damaged(f, "fails its checksum")
+                layout = read_layout(src.fileno(), n - _FOOTER.size)
+            except (LayoutError, OSError) as e:
+                if _sig_of(os.fstat(src.fileno())) != sig:
+                    continue
+                raise self._damaged(f, f"cannot be decoded ({e})") from e
+            if _sig_of(os.fstat(src.fileno())) != sig:
+                continue
+            if check and t0 - st.st_mtime_ns > RACY_NS:
+                self._verified[f] = sig
+            return _Open(sig, src, layout)
+        raise self._damaged(f, "keeps changing while it is read (another program writes it)")
+
+    def opened(self, f: int) -> _Open:
+        """Fragment ``f`` open and verified (no system call when it already is).
+
+        An open file is trusted while it keeps its signature, which every read checks afterwards
+        (``_Open.unchanged``); a name another program replaced or removed keeps serving the verified
+        file this tier holds open (its bytes are still the verified ones) until it is dropped. Changes
+        made here (deletes, drops) forget the open file first.
         """
-        path = self.file_of(f)
-        sig = _signature(path)
-        if sig is None:
-            raise CorruptionError(f"warm fragment {f}: file {path} is missing; {repair_hint(self.buffer_dir)}")
-        check = force or (self.verify_reads and self._verified.get(f) != sig)
-        try:
-            buf, crc = _map(path, populate=fresh and self.prefill_maps, checksum=check)
-        except (OSError, ValueError) as e:
-            raise CorruptionError(f"warm fragment {f}: cannot map {path} ({e}); {repair_hint(self.buffer_dir)}") from e
-        n = buf.size
-        if n < _FOOTER.size or buf[n - 4 :].to_pybytes() != _MAGIC:
-            raise CorruptionError(f"warm fragment {f}: file {path} has no checksum footer (torn or not a fragment); "
-                                  f"{repair_hint(self.buffer_dir)}")
-        want, _ = _FOOTER.unpack(buf[n - _FOOTER.size :].to_pybytes())
-        body = buf.slice(0, n - _FOOTER.size)
-        if check:
-            if crc != want:
-                raise CorruptionError(f"warm fragment {f}: file {path} fails its checksum; "
-                                      f"{repair_hint(self.buffer_dir)}")
-            self._verified[f] = sig
-        try:
-            table = pa.ipc.open_file(pa.BufferReader(body)).read_all()
-        except (OSError, pa.ArrowInvalid) as e:
-            raise CorruptionError(f"warm fragment {f}: file {path} cannot be decoded ({e}); "
-                                  f"{repair_hint(self.buffer_dir)}") from e
-        if not table.schema.equals(self.schema):
-            table = table.cast(self.schema)
-        batches = table.to_batches()
-        starts = np.zeros(len(batches) + 1, np.int64)
-        np.cumsum([b.num_rows for b in batches], out=starts[1:])
-        return _Mapped(sig, table, batches, starts)
-
-    def mapped(self, f: int) -> _Mapped:
-        """Fragment ``f`` mapped and verified (one ``stat`` when it already is)."""
-        return self._mapped(int(f))
-
-    def _mapped(self, f: int, fresh: bool = False) -> _Mapped:
-        sig = _signature(f"{self._dir}/{f:016d}.arrow")  # a str path: pathlib costs more than the stat
-        m = self._maps.get(f)  # lock-free read (a dict get is atomic); writers below hold the lock
-        if m is not None and m.sig == sig and (not self.verify_reads or self._verified.get(f) == sig):
-            return m
-        m = self._verify_file(f, fresh=fresh)
+        f = int(f)
+        o = self._open.get(f)  # lock-free read (a dict get is atomic); writers below hold the lock
+        if o is not None and (not self.verify_reads or self._verified.get(f) == o.sig):
+            return o
+        if not os.path.exists(f"{self._dir}/{f:016d}.arrow"):
+            raise self._damaged(f, "is missing")
+        o = self._verify_file(f)
         with self._maps_lock:
-            self._maps[f] = m
-            while len(self._maps) > MAX_OPEN_MAPS:  # the oldest mapped goes first (unmapped when unused)
-                self._maps.pop(next(iter(self._maps)))
-        return m
+            self._open[f] = o
+            while len(self._open) > MAX_OPEN_FILES:  # the oldest goes first (closed when no read holds it)
+                self._open.pop(next(iter(self._open)))
+        return o
+
+    def _forget(self, f: int) -> None:
+        with self._maps_lock:
+            self._open.pop(int(f), None)
+        self._verified.pop(int(f), None)
 
     def take(self, where: Location, columns: Sequence[str]) -> pa.Table:
         """Rows by (fragment, position), in the order given, with only ``columns``.
 
-        Each asked row is a zero-copy one-row slice of its mapped fragment; one native concat per
-        column joins them (``base.gather``; a pyarrow ``take`` per fragment costs ~20x more at 256
-        random rows, measured by ``benchmarks/warm_get.py``).
+        Each run of consecutive asked rows of one record batch is read from its file by ``pread``,
+        only its bytes of only the asked columns (``ipcread``); a file that changed during the read
+        (its signature after the read differs) is checked again and read once more, else the read
+        raises ``CorruptionError``: a truncated or rewritten file is never a crash signal.
         """
         columns = list(columns)
         schema = pa.schema([self.schema.field(c) for c in columns])
         if len(where) == 0:
             return schema.empty_table()
         uniq, inv = np.unique(where.part, return_inverse=True)
-        maps = [self._mapped(f) for f in uniq.tolist()]
         rows = where.row.astype(np.int64)
-        n_rows = np.array([m.starts[-1] for m in maps], np.int64)
+        for _attempt in (0, 1):
+            opens = [self.opened(f) for f in uniq.tolist()]
+            try:
+                out = self._take_open(opens, uniq, inv.astype(np.int64), rows, columns, schema)
+                changed = [f for f, o in zip(uniq.tolist(), opens) if not o.unchanged()]
+            except (LayoutError, OSError, pa.ArrowException) as e:
+                changed = [f for f, o in zip(uniq.tolist(), opens) if not o.unchanged()]
+                if not changed:
+                    raise CorruptionError(f"warm fragments {uniq.tolist()[:8]} in {self.path} cannot be read ({e}); "
+                                          f"{repair_hint(self.buffer_dir)}") from e
+            if not changed:
+                return out
+            for f in changed:
+                self._forget(f)
+        raise self._damaged(int(changed[0]), "changed while it was read, twice")
+
+    def _take_open(self, opens: list[_Open], uniq: np.ndarray, inv: np.ndarray, rows: np.ndarray,
+                   columns: list[str], schema: pa.Schema) -> pa.Table:
+        n_rows = np.array([o.layout.rows for o in opens], np.int64)
         if (rows < 0).any() or (rows >= n_rows[inv]).any():
             bad = int(uniq[inv[np.flatnonzero((rows < 0) | (rows >= n_rows[inv]))[0]]])
             raise CorruptionError(f"warm fragment {bad} ({self.file_of(bad)}) has fewer rows than the index says; "
                                   f"{repair_hint(self.buffer_dir)}")
-        single = all(len(m.batches) == 1 for m in maps)
-        return gather([m.batches[0] for m in maps] if single else [m.table for m in maps], inv, rows, columns)
+        if all(o.layout.supported and o.layout.schema.equals(self.schema) for o in opens):
+            fds, layouts = [o.fd for o in opens], [o.layout for o in opens]
+            arrays = [read_runs(schema.field(c).type, runs_of(fds, layouts, inv, rows, self.schema.get_field_index(c)))
+                      for c in columns]
+            return pa.Table.from_arrays(arrays, schema=schema)
+        # another layout (dictionaries, compression, an older schema): the touched batches' columns whole
+        tables = []
+        for o in opens:
+            r = o.reader(columns)
+            tables.append(pa.Table.from_batches([r.get_batch(i) for i in range(r.num_record_batches)]))
+        return gather([t.cast(schema) for t in tables], inv, rows, columns)
+
+    def read(self, f: int, columns: Sequence[str] | None = None) -> pa.Table:
+        """One whole fragment's ``columns`` (all if None), read into memory and verified."""
+        cols = list(columns) if columns is not None else list(self.schema.names)
+        return pa.Table.from_batches(list(self.batches(int(f), cols)), schema=pa.schema([self.schema.field(c) for c in cols]))
+
+    def batches(self, f: int, columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
+        """Fragment ``f``'s rows with ``columns`` in record batches of at most ~``SCAN_CHUNK_BYTES`` (a
+        fragment's own batch may be a whole push), each read by positioned reads and checked unchanged
+        after its read: a scan holds one chunk, not one fragment, in anonymous memory."""
+        schema = pa.schema([self.schema.field(c) for c in columns])
+        o = self.opened(f)
+        lay = o.layout
+        if not (lay.supported and lay.schema.equals(self.schema)):
+            yield from self._batches_whole(f, o, columns, schema)
+            return
+        idx = [self.schema.get_field_index(c) for c in columns]
+        width = max(lay.column_bytes(list(columns)) / max(lay.rows, 1), 1.0)
+        step = max(1, int(SCAN_CHUNK_BYTES // width))
+        for b, nodes in enumerate(lay.batches):
+            n = int(lay.starts[b + 1] - lay.starts[b])
+            for lo in range(0, n, step):
+                hi = min(n, lo + step)
+                try:
+                    arrays = [read_runs(schema.field(j).type, Runs([o.fd], [nodes[i]], np.array([lo]), np.array([hi])))
+                              for j, i in enumerate(idx)]
+                except (LayoutError, OSError, pa.ArrowException) as e:
+                    self._forget(f)
+                    raise self._damaged(f, f"cannot be decoded ({e})" if o.unchanged() else "changed while it was read") from e
+                if not o.unchanged():
+                    self._forget(f)
+                    raise self._damaged(f, "changed while it was read")
+                yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+    def _batches_whole(self, f: int, o: _Open, columns: Sequence[str], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+        """A fragment ``ipcread`` does not read by rows (dictionaries, compression, an older schema)."""
+        try:
+            r = o.reader(columns)
+            n = r.num_record_batches
+        except (OSError, pa.ArrowException) as e:
+            raise self._damaged(f, f"cannot be decoded ({e})" if o.unchanged() else "changed while it was read") from e
+        for i in range(n):
+            try:
+                b = r.get_batch(i)
+            except (OSError, pa.ArrowException) as e:
+                raise self._damaged(f, f"cannot be decoded ({e})" if o.unchanged() else "changed while it was read") from e
+            if not o.unchanged():
+                self._forget(f)
+                raise self._damaged(f, "changed while it was read")
+            yield b if b.schema.equals(schema) else b.cast(schema)
+
+    def stream(self, ids: Sequence[int], columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
+        """Every batch of fragments ``ids`` with ``columns`` (a scan: one batch in memory at a time)."""
+        for f in ids:
+            yield from self.batches(f, columns)
 
     def arrow_source(self) -> pds.Dataset:
         """The published fragments for DuckDB; a scan verifies them first (see the module)."""
         with self._lock:
             ids = sorted(self._published)
-        return _WarmDataset.over(self, ids)
+        return WarmDataset.over(self, ids)
 
     def has_deletes(self, ids: Sequence[int]) -> bool:
         return any(self._counts_of(f)[1] != self._counts_of(f)[0] for f in ids)
+
+    def close(self) -> None:
+        """Release the open fragment files (the buffer's ``close``: the directory is let go whole)."""
+        with self._maps_lock:
+            self._open.clear()
 
     # deletes and drops -------------------------------------------------------------------
     def delete(self, keys: Sequence[str], parts: Sequence[int] | None = None) -> None:
@@ -360,23 +463,27 @@ class WarmTier:
         wanted = pa.array(list(keys), pa.string())
         with self._lock:
             targets = sorted(self._published if parts is None else set(int(p) for p in parts) & self._published)
+        key_field = self.schema.field("key")
+        k = self.schema.get_field_index("key")
         for f in targets:
-            m = self.mapped(f)
-            key = m.table.column("key")
-            hit = pc.is_in(key, value_set=wanted)
-            if not pc.any(hit).as_py():
+            hits = pc.sum(pc.is_in(self.read(f, ["key"]).column("key"), value_set=wanted)).as_py() or 0
+            if not hits:
                 continue
-            blanked = pc.if_else(hit, pa.scalar(DELETED_KEY, pa.string()), key)
-            table = m.table.set_column(self.schema.get_field_index("key"), self.schema.field("key"), blanked)
+
+            def blanked(f: int = f) -> Iterator[pa.RecordBatch]:  # one batch in memory at a time
+                for b in self.batches(f, self.schema.names):
+                    key = b.column(k)
+                    yield b.set_column(k, key_field, pc.if_else(pc.is_in(key, value_set=wanted),
+                                                                pa.scalar(DELETED_KEY, pa.string()), key))
+
             with self._lock:
-                self._files.write(f, table)  # tmp + rename: readers holding the old map keep a consistent file
-                with self._maps_lock:
-                    self._maps.pop(f, None)
-                self._verified.pop(f, None)
-                self._entered(f, table.num_rows)
-                live = table.num_rows - pc.sum(pc.equal(blanked, DELETED_KEY)).as_py()
-                rows, _, nbytes = self._counts[f]
-                self._counts[f] = (rows, live, nbytes)
+                self._files.write(f, blanked(), schema=self.schema)  # tmp + rename: a running read keeps its file
+                self._forget(f)
+                rows = self._counts_of(f)[0]
+                self._counts.pop(f, None)
+                self._entered(f, rows)
+                self._counts.pop(f, None)  # live rows counted again from the new file
+                self._counts_of(f)
                 self._version += 1
 
     def drop_fragments(self, fragment_ids: list[int]) -> None:
@@ -388,9 +495,7 @@ class WarmTier:
                 f = int(f)
                 self.file_of(f).unlink(missing_ok=True)
                 self._published.discard(f)
-                with self._maps_lock:
-                    self._maps.pop(f, None)
-                self._verified.pop(f, None)
+                self._forget(f)
                 self._counts.pop(f, None)
             self._version += 1
 
@@ -401,28 +506,33 @@ class WarmTier:
         ``files``/``checksum`` (what the index recorded) are accepted for the older callers: the
         fragment carries its own checksum, which stays right across delete rewrites.
         """
-        self._verified.pop(int(fragment_id), None)
-        with self._maps_lock:
-            self._maps.pop(int(fragment_id), None)
+        self._forget(int(fragment_id))
         self._verify_file(int(fragment_id), force=True)
 
     def expect(self, fragment_id: int, files: Sequence[str], checksum: int | None) -> None:
-        """Kept for callers that hand over the index's record: a fragment's checksum is its footer."""
+        """The index records fragment ``fragment_id`` (recovery says so for each warm batch): it is
+        published even when its file is gone, so a scan over it raises ``CorruptionError`` instead of
+        silently leaving its rows out (issue 24). A fragment's checksum is its own footer."""
+        with self._lock:
+            if int(fragment_id) not in self._published:
+                self._published.add(int(fragment_id))
+                self._version += 1
 
     def ensure_verified(self, fragment_ids: Sequence[int]) -> None:
         """Verify each fragment not verified yet in this process (or whose file changed since)."""
         for f in fragment_ids:
-            self.mapped(int(f))
+            self.opened(int(f))
 
     def fragment_keys(self, fragment_id: int) -> list[str]:
         """The live keys of one fragment (recovery reads an orphan's keys before deciding its fate)."""
-        key = self.mapped(fragment_id).table.column("key")
+        key = self.read(fragment_id, ["key"]).column("key")
         return key.filter(pc.not_equal(key, DELETED_KEY)).to_pylist()
 
     def check_readable(self, columns: Sequence[str]) -> None:
         """Raise ``CorruptionError`` naming the first fragment that cannot be read (a failed scan's probe)."""
         for f in self.fragment_ids():
-            self.mapped(f)
+            for _ in self.batches(f, [c for c in columns if c in self.schema.names] or ["key"]):
+                pass
 
     def fragment_ids(self) -> list[int]:
         with self._lock:
@@ -432,13 +542,16 @@ class WarmTier:
         c = self._counts.get(f)
         if c is None:  # a fragment from before this process: rows from its IPC metadata, no checksum pass
             path = self.file_of(f)
-            try:
-                body = pa.memory_map(str(path)).read_buffer()
-                key = pa.ipc.open_file(pa.BufferReader(body.slice(0, body.size - _FOOTER.size))).read_all().column("key")
+            try:  # positioned reads of the key column only, validated before use (unverified bytes)
+                with pa.OSFile(str(path)) as src:
+                    size = os.fstat(src.fileno()).st_size
+                    opts = pa.ipc.IpcReadOptions(included_fields=[self.schema.get_field_index("key")])
+                    key = pa.ipc.open_file(src, footer_offset=size - _FOOTER.size, options=opts).read_all().column(0)
+                key.validate(full=True)
                 rows = len(key)
                 live = rows - pc.sum(pc.equal(key, DELETED_KEY)).as_py() if rows else 0
-                c = (rows, live, body.size)
-            except (OSError, pa.ArrowInvalid):
+                c = (rows, live, size)
+            except (OSError, ValueError, pa.ArrowException):
                 c = (0, 0, 0)  # unreadable: reads of it raise CorruptionError; stats just cannot count it
             self._counts[f] = c
         return c

@@ -38,7 +38,7 @@ def tq_system(tmp_path_factory):
 
     started = not ray.is_initialized()
     if started:  # the documented setup: Ray imports the backend in every worker it starts
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+        ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False,
                  runtime_env={"worker_process_setup_hook": "lakebuffer.integrations.transferqueue.register"})
     path = tmp_path_factory.mktemp("tq") / "run"
     cfg = {
@@ -95,16 +95,22 @@ def fetch(client, partition: str, fields: list[str], n: int = B):
     return meta, client.get_data(meta)
 
 
+def dense(t):
+    """A field TransferQueue handed back jagged (as its default backend does for per-sample dims), stacked."""
+    assert t.is_nested and t.layout == torch.jagged
+    return torch.stack(t.unbind())
+
+
 def assert_same(got, prompts, generation):
-    assert torch.equal(got["prompts"], prompts["prompts"]) and got["prompts"].dtype == torch.int64
-    assert torch.equal(got["attention_mask"], prompts["attention_mask"])
+    assert torch.equal(dense(got["prompts"]), prompts["prompts"]) and got["prompts"].dtype == torch.int64
+    assert torch.equal(dense(got["attention_mask"]), prompts["attention_mask"])
     assert got["uid"].tolist() == prompts["uid"].tolist()
     assert got["responses"].is_nested
     for a, b in zip(got["responses"].unbind(), generation["responses"].unbind(), strict=True):
         assert torch.equal(a, b)
-    assert torch.equal(got["old_log_probs"], generation["old_log_probs"])
-    assert torch.equal(got["score"].reshape(-1), generation["score"])  # KV backends hand 1-D fields back as (B, 1)
-    assert got["values"].dtype == torch.bfloat16 and torch.equal(got["values"], generation["values"])
+    assert torch.equal(dense(got["old_log_probs"]), generation["old_log_probs"])
+    assert not got["score"].is_nested and torch.equal(got["score"], generation["score"])  # 1-D: dense (B,)
+    assert got["values"].dtype == torch.bfloat16 and torch.equal(dense(got["values"]), generation["values"])
     assert got["extra_fields"].tolist() == generation["extra_fields"].tolist()
 
 
@@ -241,17 +247,31 @@ def test_tq_checkpoint_brings_back_rows_cleared_since(tq_system, tmp_path):
     meta, _ = fetch(client, "ckpt", ["prompts"])
     client.clear_samples(meta)  # trained on and cleared after the checkpoint...
     assert store.sql("SELECT count(*) AS n FROM rollouts WHERE tq_partition = 'ckpt'").column("n")[0].as_py() == 0
+    keyed = "SELECT count(*) AS n FROM tq_keys WHERE tq_partition = 'ckpt'"
+    assert store.sql(keyed).column("n")[0].as_py() == 0  # the journal knows they were cleared
     tq.load_checkpoint(tmp_path / "tq")  # ...then the run resumes from it
+    assert store.sql(keyed).column("n")[0].as_py() == B  # and that the checkpoint brought them back
     _, got = fetch(client, "ckpt", ALL)
     assert_same(got, prompts, generation)
 
 
-def test_an_undeclared_field_is_refused_with_the_fix(tq_system):
-    from tensordict import TensorDict
+def test_an_undeclared_field_gets_a_column_typed_from_its_first_put(tq_system):
+    """Drop-in: no declaration needed; the field's column is typed from the first put that carries it."""
+    from tensordict import NonTensorStack, TensorDict
 
-    bad = TensorDict({"mystery": torch.zeros(2, 3)}, batch_size=2)
-    with pytest.raises(Exception, match="declare it in backend.LakeBuffer.fields"):
-        tq_system["client"].put(data=bad, partition_id="bad")
+    client, store = tq_system["client"], tq_system["store"]
+    mystery = torch.arange(6, dtype=torch.int16).reshape(2, 3)
+    meta = client.put(data=TensorDict({"mystery": mystery, "note": NonTensorStack({"a": 1}, {"b": [2]}),
+                                       "reward": torch.tensor([0.5, 1.5])}, batch_size=2), partition_id="undeclared")
+    got = client.get_data(meta)
+    assert torch.equal(dense(got["mystery"]), mystery) and got["mystery"].dtype == torch.int16
+    assert got["note"].tolist() == [{"a": 1}, {"b": [2]}]
+    assert torch.equal(got["reward"], torch.tensor([0.5, 1.5]))  # a rollout column's name: its own column
+    typed = store.sql("SELECT mystery, note, tqf_reward FROM rollouts WHERE tq_partition = 'undeclared' "
+                      "ORDER BY tq_index")
+    assert typed.schema.field("mystery").type == pa.list_(pa.int16())
+    assert typed.column("note").to_pylist() == ['{"a": 1}', '{"b": [2]}']
+    assert typed.column("tqf_reward").to_pylist() == [0.5, 1.5]
 
 
 def test_a_put_retried_after_the_store_died_is_stored_once(tmp_path):
@@ -262,8 +282,8 @@ def test_a_put_retried_after_the_store_died_is_stored_once(tmp_path):
     table = pa.table({"key": ["a/1", "a/2"], "prompt_id": ["p", "p"], "policy_version": [0, 0],
                       "prompt_ids": [[1], [2]], "response_ids": [[3], [4]], "reward": [0.5, 1.0],
                       "tq_partition": ["a", "a"], "tq_index": [1, 2], "tq_fields": [",x,", ",x,"]})
-    assert store.put(ipc_bytes(table)) == 2
-    assert store.put(ipc_bytes(table)) == 2
+    assert store.put(ipc_bytes(table)) == ""  # the row keys' prefix: generation 0 has none
+    assert store.put(ipc_bytes(table)) == ""
     assert store.count() == 2
     other = table.set_column(0, "key", pa.array(["a/9", "a/1"]))  # a genuinely conflicting batch still fails
     with pytest.raises(SchemaError):
