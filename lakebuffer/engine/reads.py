@@ -62,6 +62,9 @@ def _get(s: BufferState, keys: Sequence[str] | pa.Array, columns: Sequence[str] 
                 frag[i], offset[i] = info.fragment, info.offset
             where = Location.of(frag[first[warm_rows]], offset[first[warm_rows]] + pos[warm_rows])
         warm = s.warm
+        # a cold batch's locations are read under the lock that told it cold: a promotion (lazy warm,
+        # promote_cold_reads) flips it warm and drops them in one step under that lock
+        cold_where = _cold_locations(s, batch[cold_rows], pos[cold_rows]) if len(cold_rows) else None
         s.served["hot"] += len(hot_rows)
         s.served["warm"] += len(warm_rows)
         s.served["cold"] += len(cold_rows)
@@ -69,7 +72,8 @@ def _get(s: BufferState, keys: Sequence[str] | pa.Array, columns: Sequence[str] 
         parts.append(warm.take(where, fetch).select(fetch))
         order.append(warm_rows)
     if len(cold_rows):
-        parts.append(_take_cold(s, [keys[i] for i in cold_rows.tolist()], batch[cold_rows], pos[cold_rows], fetch))
+        parts.append(_take_cold(s, [keys[i] for i in cold_rows.tolist()], batch[cold_rows], pos[cold_rows], fetch,
+                                cold_where))
         order.append(cold_rows)
         if s.on_cold_read is not None:
             s.on_cold_read(np.unique(batch[cold_rows]).tolist())
@@ -79,11 +83,14 @@ def _get(s: BufferState, keys: Sequence[str] | pa.Array, columns: Sequence[str] 
     return table.select(cols)
 
 
-def _take_cold(s: BufferState, keys: list[str], batch: np.ndarray, pos: np.ndarray, columns: list[str]) -> pa.Table:
-    """Cold rows from their lake locations; a stale location (compaction, lake deletes) is found again,
-    recorded, and read once more."""
+def _take_cold(s: BufferState, keys: list[str], batch: np.ndarray, pos: np.ndarray, columns: list[str],
+               where: Location) -> pa.Table:
+    """Cold rows from their lake locations (``where``, read under the lock); a stale location (compaction,
+    lake deletes) is found again, recorded, and read once more."""
     for attempt in (0, 1):
-        where = _cold_locations(s, batch, pos)
+        if attempt:
+            with s.lock:
+                where = _cold_locations(s, batch, pos)
         try:
             return s.cold.take_checked(where, columns, keys)
         except StaleLocation:
