@@ -421,7 +421,8 @@ class ReplayBuffer:
         """Run one read-only DuckDB statement over ``rollouts`` (all tiers), ``hot``, ``warm`` and ``meta``
         (``ReadOnlyError`` for anything that writes; no file access: see README "What sql() may do")."""
         self._check()
-        return self._catalog.user_query(query, params)
+        with self._state.gate.shared():  # no warm fragment leaves local disk under the query (engine/readgate)
+            return self._catalog.user_query(query, params)
 
     def count(self, where: str | None = None) -> int:
         """How many rollouts match ``where`` (all of them if None)."""

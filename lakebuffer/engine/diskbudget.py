@@ -23,6 +23,7 @@ the lake keeps up, a push finds room waiting and does not wait for the lake (iss
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -252,7 +253,9 @@ class DiskBudget:
                 log.warning("fragment %d stays local: rows of batch %d were not found in the lake", frag, info.batch_id)
                 return 0
             plans.append((info, *plan))
-        with s.lock:
+        # exclusive: a query that registered this fragment (sql over ``warm``) finishes before its file goes
+        gate = contextlib.nullcontext() if s.gate.held() else s.gate.exclusive()
+        with gate, s.lock:
             for info, n, *_ in plans:
                 now = s.batches.get(info.batch_id)
                 if now is None or now.tier != "warm" or now.fragment != frag or now.rows != n:

@@ -1,4 +1,5 @@
-"""The gate between reads that select then fetch (``sample``, ``get``) and ``delete``.
+"""The gate between reads that select then fetch (``sample``, ``get``, ``sql``) and what removes rows or
+files under them (``delete``, a warm fragment leaving local disk).
 
 A sample selects keys on the catalog, then fetches their rows; a delete between the two made the
 fetch fail with ``KeyNotFoundError`` for a key just drawn, or read a warm row a delete was blanking.
@@ -44,6 +45,10 @@ class ReadGate:
                     self._readers -= 1
                     if self._readers == 0:
                         self._cv.notify_all()
+
+    def held(self) -> bool:
+        """Whether this thread is inside a read (it cannot wait for the exclusive side)."""
+        return bool(getattr(self._mine, "depth", 0))
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
