@@ -48,6 +48,7 @@ from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import Token, TokenType
 
 from .errors import QueryError
+from .pushdown import CMP_OPS, PyArrowBuild, RayBuild, Translate, Untranslatable, operands
 
 __all__ = [
     "Bound",
@@ -145,10 +146,6 @@ def _too_deep(text: str, what: str) -> QueryError:
                       f"it starts {text[:60]!r}")
 
 
-class Untranslatable(Exception):
-    """The predicate uses something the pushdown subset lacks: evaluate its SQL text instead."""
-
-
 def _forbidden_func(name: str) -> bool:
     n = name.lower()
     return n in _FORBIDDEN_FUNCS or n.startswith(("read_", "iceberg_", "delta_")) or n.endswith("_scan")
@@ -222,7 +219,6 @@ class Bound:
 
 
 _FLIP = {">": "<", "<": ">", ">=": "<=", "<=": ">=", "=": "="}
-_CMP_OPS: dict[type, str] = {exp.EQ: "=", exp.NEQ: "!=", exp.GT: ">", exp.GTE: ">=", exp.LT: "<", exp.LTE: "<="}
 
 
 @dataclass(frozen=True, eq=False)
@@ -276,7 +272,7 @@ class Where:
                 raise Untranslatable("every row: no expression needed")
             raise Untranslatable(f"sqlglot cannot parse {self.text!r}")
         try:
-            expr = _Translate(_PyArrowBuild()).build(self.tree)
+            expr = Translate(PyArrowBuild()).build(self.tree)
         except (TypeError, ValueError, pa.ArrowException) as e:
             raise Untranslatable(str(e)) from e
         except RecursionError:  # within the limits this does not happen; DuckDB evaluates the text then
@@ -292,7 +288,7 @@ class Where:
         """The ``ray.data.expressions`` predicate (same subset as :meth:`to_pyarrow`); needs Ray Data."""
         if self.tree is None:
             raise Untranslatable(f"cannot translate {self.text!r}")
-        return _Translate(_RayBuild()).build(self.tree)
+        return Translate(RayBuild()).build(self.tree)
 
     # conjuncts and bounds ------------------------------------------------------------------
     def conjuncts(self) -> tuple[exp.Expression, ...]:
@@ -300,7 +296,7 @@ class Where:
         if self.tree is None:
             return ()
         # an OR constrains nothing on its own; iterative, as a chain of 2,000 ANDs is 2,000 levels deep
-        return tuple(n for n in _operands(self.tree, exp.And) if not isinstance(n, exp.Or))
+        return tuple(n for n in operands(self.tree, exp.And) if not isinstance(n, exp.Or))
 
     def bounds(self, column: str) -> tuple[Bound, ...]:
         """Integer constraints on ``column`` (case-insensitive, at most one qualifier) in the top-level ANDs."""
@@ -333,7 +329,7 @@ def _int(node: exp.Expression) -> int | None:
 
 
 def _bound(node: exp.Expression, column: str) -> Bound | None:
-    op = _CMP_OPS.get(type(node))
+    op = CMP_OPS.get(type(node))
     if op is not None and op != "!=":
         q = _column_qualifier(node.this, column)
         v = _int(node.expression)
@@ -494,153 +490,3 @@ def bind(expr: pc.Expression, schema: pa.Schema) -> None:
     out = ds.dataset(schema.empty_table()).to_table(filter=expr)
     if out.num_rows:  # pragma: no cover - an empty table filters to nothing
         raise ValueError("an empty table filtered to rows")
-
-
-# ------------------------------------------------------------------------------------------
-# AST -> expression builders
-# ------------------------------------------------------------------------------------------
-class _PyArrowBuild:
-    """Builds pyarrow compute expressions."""
-
-    def col(self, name: str) -> Any:
-        return pc.field(name)
-
-    def lit(self, value: Any) -> Any:
-        return pc.scalar(value)
-
-    def cmp(self, op: str, a: Any, b: Any) -> Any:
-        return {"=": a.__eq__, "!=": a.__ne__, "<": a.__lt__, "<=": a.__le__, ">": a.__gt__, ">=": a.__ge__}[op](b)
-
-    def and_(self, a: Any, b: Any) -> Any:
-        return a & b
-
-    def or_(self, a: Any, b: Any) -> Any:
-        return a | b
-
-    def not_(self, a: Any) -> Any:
-        return ~a
-
-    def is_null(self, a: Any, negate: bool) -> Any:
-        return a.is_valid() if negate else a.is_null()
-
-    def in_(self, a: Any, values: list) -> Any:
-        """``x IN (...)`` with SQL's null semantics (NULL stays NULL, so ``NOT IN`` keeps no nulls)."""
-        if len(values) <= 32:  # an OR of equalities prunes row groups and partitions best
-            return _balanced_or(self, [a == v for v in values])
-        return pc.if_else(a.is_valid(), a.isin(values), pa.scalar(None, pa.bool_()))
-
-
-class _RayBuild(_PyArrowBuild):
-    """Builds ``ray.data.expressions`` predicates (what Ray Data pushes into Parquet reads)."""
-
-    def __init__(self) -> None:
-        from ray.data import expressions
-
-        self.x = expressions
-
-    def col(self, name: str) -> Any:
-        return self.x.col(name)
-
-    def lit(self, value: Any) -> Any:
-        return self.x.lit(value)
-
-    def is_null(self, a: Any, negate: bool) -> Any:
-        return a.is_not_null() if negate else a.is_null()
-
-    def in_(self, a: Any, values: list) -> Any:
-        return _balanced_or(self, [a == self.x.lit(v) for v in values])
-
-
-def _balanced_or(build: _PyArrowBuild, terms: list) -> Any:
-    return _balanced(build.or_, terms)
-
-
-def _balanced(combine: Any, terms: list) -> Any:
-    """``combine`` over ``terms`` as a balanced tree (log depth: a long chain must not recurse deeply)."""
-    while len(terms) > 1:
-        terms = [combine(terms[i], terms[i + 1]) if i + 1 < len(terms) else terms[i] for i in range(0, len(terms), 2)]
-    return terms[0]
-
-
-def _operands(node: exp.Expression, op: type) -> list[exp.Expression]:
-    """The operands of a chain of ``op`` (AND or OR) in order, parentheses opened, without recursion."""
-    out: list[exp.Expression] = []
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        while isinstance(n, exp.Paren):
-            n = n.this
-        if isinstance(n, op):
-            stack.append(n.expression)  # popped after ``this``: the order stays left to right
-            stack.append(n.this)
-        else:
-            out.append(n)
-    return out
-
-
-def _number(text: str) -> int | float:
-    return float(text) if any(c in text for c in ".eE") else int(text)
-
-
-class _Translate:
-    """The simple subset of the AST -> a builder's expression; anything else raises ``Untranslatable``."""
-
-    def __init__(self, build: _PyArrowBuild) -> None:
-        self.b = build
-
-    def build(self, node: exp.Expression) -> Any:
-        b = self.b
-        if isinstance(node, exp.Paren):
-            return self.build(node.this)
-        if isinstance(node, exp.And):
-            return _balanced(b.and_, [self.build(n) for n in _operands(node, exp.And)])
-        if isinstance(node, exp.Or):
-            return _balanced(b.or_, [self.build(n) for n in _operands(node, exp.Or)])
-        if isinstance(node, exp.Not):
-            inner = node.this
-            if isinstance(inner, exp.Is) and isinstance(inner.expression, exp.Null):  # x IS NOT NULL
-                return b.is_null(self.operand(inner.this), True)
-            return b.not_(self.build(inner))
-        op = _CMP_OPS.get(type(node))
-        if op is not None:
-            return b.cmp(op, self.operand(node.this), self.operand(node.expression))
-        if isinstance(node, exp.Is):
-            if not isinstance(node.expression, exp.Null):
-                raise Untranslatable(f"IS {node.expression.sql('duckdb')}")
-            return b.is_null(self.operand(node.this), False)
-        if isinstance(node, exp.In):
-            if not node.expressions or node.args.get("query") is not None or node.args.get("unnest") is not None:
-                raise Untranslatable("IN without a value list")
-            return b.in_(self.operand(node.this), [self.literal(v) for v in node.expressions])
-        if isinstance(node, exp.Between):
-            if node.args.get("symmetric"):
-                raise Untranslatable("BETWEEN SYMMETRIC")
-            left = self.operand(node.this)
-            lo, hi = self.operand(node.args["low"]), self.operand(node.args["high"])
-            return b.and_(b.cmp(">=", left, lo), b.cmp("<=", left, hi))
-        return self.operand(node)
-
-    def operand(self, node: exp.Expression) -> Any:
-        if isinstance(node, exp.Paren):
-            return self.build(node.this)
-        if isinstance(node, exp.Column):
-            if node.args.get("table") is not None:
-                raise Untranslatable(f"qualified column {node.sql('duckdb')}")
-            return self.b.col(node.name)
-        if isinstance(node, exp.Null):
-            return self.b.lit(None)
-        if isinstance(node, (exp.Literal, exp.Boolean, exp.Neg)):
-            return self.b.lit(self.literal(node))
-        if isinstance(node, (exp.And, exp.Or, exp.Not, exp.Is, exp.In, exp.Between)) or type(node) in _CMP_OPS:
-            raise Untranslatable(f"unparenthesised {type(node).__name__} operand")
-        raise Untranslatable(f"{type(node).__name__} ({node.sql('duckdb')})")
-
-    @staticmethod
-    def literal(node: exp.Expression) -> Any:
-        if isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal) and not node.this.is_string:
-            return -_number(str(node.this.this))
-        if isinstance(node, exp.Literal):
-            return str(node.this) if node.is_string else _number(str(node.this))
-        if isinstance(node, exp.Boolean):
-            return bool(node.this)
-        raise Untranslatable(f"literal expected, got {node.sql('duckdb')}")
