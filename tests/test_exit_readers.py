@@ -29,7 +29,8 @@ def _child(tmp: Path, what: str) -> subprocess.CompletedProcess:
 
 
 def _check(res: subprocess.CompletedProcess) -> None:
-    marks = [m for m in BAD_MARKS if m in res.stderr]
+    # a nested native call refused at exit left its outer one counted: the hook waited its full 60 s
+    marks = [m for m in (*BAD_MARKS, "still running at exit") if m in res.stderr]
     assert res.returncode == 0 and not marks and "exiting" in res.stdout, (res.returncode, marks, res.stderr[-2000:])
 
 

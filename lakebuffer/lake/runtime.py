@@ -82,6 +82,7 @@ _installed = False
 _exiting_for_real = False
 _hook_done = False  # the atexit hook has returned: finalization may run at any moment
 _threads: list[tuple[threading.Thread, Callable[[], None] | None]] = []
+_mine = threading.local()  # this thread's native calls in flight (nested brackets count once each)
 
 
 class LakeExitingError(LakeError):
@@ -110,13 +111,17 @@ def enter_native(what: str = "lake call", refuse: bool = True) -> None:
     """Count one native call in flight (``leave_native`` ends it); see ``native_call``."""
     install()
     global _inflight
+    depth = getattr(_mine, "depth", 0)
     with _cond:
         me = threading.current_thread()
         other = me is not threading.main_thread()
-        refused = refuse and _closing and other
-        late = _hook_done and other and me.daemon  # even a cleanup would race finalization now
+        # a call nested in one this thread already has in flight is part of it: the hook waits for that
+        # one, so refusing or parking here would leave it counted forever (holding its locks: 60 s at exit)
+        refused = refuse and _closing and other and not depth
+        late = _hook_done and other and me.daemon and not depth  # even a cleanup would race finalization now
         if not (refused or late):
             _inflight += 1
+            _mine.depth = depth + 1
     if refused or late:
         if _exiting_for_real and me.daemon:
             # The interpreter is exiting: an exception would unwind this thread through more native code
@@ -128,6 +133,7 @@ def enter_native(what: str = "lake call", refuse: bool = True) -> None:
 
 def leave_native() -> None:
     global _inflight
+    _mine.depth = getattr(_mine, "depth", 1) - 1
     with _cond:
         _inflight -= 1
         _cond.notify_all()
