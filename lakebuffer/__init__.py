@@ -5,7 +5,14 @@ One entry point: ``lakebuffer.ReplayBuffer``.
 
 from __future__ import annotations
 
-from . import samplers
+import os
+
+# Before any Rust library loads (deltalake, datafusion): mimalloc keeps freed pages mapped for a while by
+# default, which is anonymous RSS the RAM budget pays for (the cold-path memory run at 16x: push 191 -> 130 MB,
+# cold sample + get 340 -> 289 MB of growth); a user's own setting wins.
+os.environ.setdefault("MIMALLOC_PURGE_DELAY", "0")
+
+from . import samplers  # noqa: E402
 from .buffer import ReplayBuffer
 from .errors import (
     BackpressureError,

@@ -113,8 +113,8 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
     measure(phases, "push", base, push)
     tier_rows = {name: t["rows"] for name, t in buf.stats()["tiers"].items()}  # where the rows sit (disk budget: cold)
     if only:
-        for name in sorted(only & {"sample_get", "scan_payload"}):
-            measure(phases, name, base, {"sample_get": lambda: _sample_get(buf),
+        for name in sorted(only & {"sample_get", "scan_payload", "dataset"}):
+            measure(phases, name, base, {"sample_get": lambda: _sample_get(buf), "dataset": lambda: _dataset(buf),
                                          "scan_payload": lambda: _scan_payload(buf)}[name])
         buf.close()
         return {"phases": phases, "base_bytes": base, "pushed_bytes": pushed["bytes"], "rows": pushed["rows"],
@@ -133,12 +133,7 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
     measure(phases, "scan_payload", base, lambda: _scan_payload(buf))
     measure(phases, "sample_get", base, lambda: _sample_get(buf))
 
-    def iterate_dataset() -> int:
-        from lakebuffer.dataset import iter_batches
-
-        return sum(b.num_rows for b in iter_batches(buf, columns=["key", "response_ids"], batch_size=256, shuffle=True))
-
-    measure(phases, "dataset", base, iterate_dataset)
+    measure(phases, "dataset", base, lambda: _dataset(buf))
     if lake is not None:
         return _lake_phases(args, buf, root, lake, opts, phases, base, pushed, warm.num_rows, tier_rows)
     buf.close()
@@ -149,6 +144,12 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
 
 def _scan_payload(buf: Any) -> int:
     return sum(b.num_rows for b in buf.scan(columns=["key", "response_ids", "response_logprobs"]))
+
+
+def _dataset(buf: Any) -> int:
+    from lakebuffer.dataset import iter_batches
+
+    return sum(b.num_rows for b in iter_batches(buf, columns=["key", "response_ids"], batch_size=256, shuffle=True))
 
 
 def _sample_get(buf: Any) -> None:

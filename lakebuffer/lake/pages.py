@@ -89,7 +89,11 @@ class PageReader:
                    .set("datafusion.execution.parquet.schema_force_view_types", "false")
                    .set("datafusion.execution.parquet.enable_page_index", "true")
                    # one read for the footer and page index of a 32 MiB file, not its last 512 KiB
-                   .set("datafusion.execution.parquet.metadata_size_hint", str(METADATA_HINT)))
+                   .set("datafusion.execution.parquet.metadata_size_hint", str(METADATA_HINT))
+                   # one partition, small batches: a keyed take needs no parallel scan, and each partition
+                   # holds its own decode buffers (RssAnon the RAM budget pays for)
+                   .with_target_partitions(1)
+                   .with_batch_size(1024))
             ctx = SessionContext(cfg)
             ctx.sql(f"SET datafusion.runtime.metadata_cache_limit = '{METADATA_CACHE}'").collect()
             if not self.store.local:
