@@ -187,7 +187,6 @@ def test_a_users_own_sampler_is_used_by_name(buf):
         lb.samplers.register("not_a_sampler", dict)
 
 
-@readers("local", "lakeview", why="the sampler registry is per process: Ray shards do not see a name registered here")
 def test_a_class_with_a_sample_method_is_a_sampler_without_subclassing(buf):
     """What the README promises: any class with ``sample(catalog, n, where, rng)`` registers and runs."""
 
