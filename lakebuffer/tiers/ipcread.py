@@ -234,110 +234,194 @@ def _cache_offsets(fd: int, nodes: list[Node]) -> None:
 # --- ranged reads --------------------------------------------------------------------------------
 @dataclass
 class Runs:
-    """Element ranges [start, end) of one field, each in node ``node[i]`` read through ``fd[i]``."""
+    """Element ranges [start, end) of one field: run ``i`` lies in node ``node[of[i]]``, read through
+    ``fd[of[i]]``. Nodes are listed once each (a call touches a few batches, many rows of each), so
+    the planning below is numpy over runs and Python only over distinct nodes."""
 
-    fd: list[int]
+    fd: np.ndarray  # per node: its file
     node: list[Node]
+    of: np.ndarray  # per run: index into ``node``
     start: np.ndarray
     end: np.ndarray
 
+    def with_nodes(self, nodes: list[Node], start: np.ndarray, end: np.ndarray) -> Runs:
+        """The same runs' elements in ``nodes`` (the children of ``node``), ranges ``start``..``end``."""
+        return Runs(self.fd, nodes, self.of, start, end)
 
-def _read_into(fd: int, dst: memoryview, off: int) -> None:
-    if len(dst) and os.preadv(fd, [dst], off) != len(dst):
-        raise LayoutError(f"file ends before byte {off + len(dst)}")
+
+def one_run(fd: int, node: Node, start: int, end: int) -> Runs:
+    """Elements [start, end) of ``node`` (a scan's chunk)."""
+    return Runs(np.array([fd], np.int64), [node], np.zeros(1, np.int64), np.array([start], np.int64),
+                np.array([end], np.int64))
+
+
+def _buffer_at(runs: Runs, buf: int) -> tuple[np.ndarray, np.ndarray]:
+    """(file offset, length) of buffer ``buf`` of each run's node."""
+    off = np.array([n.buffers[buf][0] for n in runs.node], np.int64)
+    blen = np.array([n.buffers[buf][1] for n in runs.node], np.int64)
+    return off[runs.of], blen[runs.of]
+
+
+#: two asked ranges of one file at most this many bytes apart are read by one ``preadv`` (the bytes
+#: between them land in a scratch buffer): a system call costs about what copying a few KiB does
+GAP_BYTES = 4096
+_IOV_MAX = 512  # ranges per preadv (Linux allows 1,024 buffers)
+
+
+def read_ranges(fds: np.ndarray, pos: np.ndarray, n: np.ndarray) -> pa.Buffer:
+    """Bytes [pos[i], pos[i] + n[i]) of file ``fds[i]`` for each i, concatenated in that order.
+
+    Ranges of one file that lie within ``GAP_BYTES`` of each other are read by one ``preadv`` into
+    their places in the output (so a column of small values costs about one system call per file,
+    not one per row); a short read (the file ends early) is ``LayoutError``.
+    """
+    total = int(n.sum())
+    arr = np.empty(total, np.uint8)  # the process heap, reused (a fresh pool block faults in its pages)
+    out = pa.py_buffer(arr)
+    if total == 0:
+        return out
+    view = memoryview(arr)
+    dst = np.zeros(len(n) + 1, np.int64)
+    np.cumsum(n, out=dst[1:])
+    if total >= len(n) * GAP_BYTES:  # ranges this long are seldom within a gap of each other: read in order
+        for fdi, d, o, m in zip(fds.tolist(), dst.tolist(), pos.tolist(), n.tolist()):
+            if m and os.preadv(fdi, [view[d : d + m]], o) != m:
+                raise LayoutError(f"file ends before byte {o + m}")
+        return out
+    keep = np.flatnonzero(n > 0)
+    order = keep[np.lexsort((pos[keep], fds[keep]))]
+    p, k, f = pos[order], n[order], fds[order]
+    gap = p[1:] - (p[:-1] + k[:-1])
+    new = np.ones(len(order), bool)  # a range starts a new read: another file, a gap too wide, an overlap
+    new[1:] = (f[1:] != f[:-1]) | (gap < 0) | (gap > GAP_BYTES)
+    if new.all():  # nothing to join: one preadv per range
+        for fdi, d, o, m in zip(f.tolist(), dst[order].tolist(), p.tolist(), k.tolist()):
+            if os.preadv(fdi, [view[d : d + m]], o) != m:
+                raise LayoutError(f"file ends before byte {o + m}")
+        return out
+    new[np.arange(len(order)) % _IOV_MAX == 0] = True
+    scratch = memoryview(bytearray(GAP_BYTES))
+    iov: list[memoryview] = []
+    fd0 = at = want = 0
+    for is_new, fdi, d, o, m, g in zip(new.tolist(), f.tolist(), dst[order].tolist(), p.tolist(), k.tolist(),
+                                      [0, *gap.tolist()]):
+        if is_new:
+            if iov and os.preadv(fd0, iov, at) != want:
+                raise LayoutError(f"file ends before byte {at + want}")
+            iov, fd0, at, want = [], fdi, o, 0
+        elif g:
+            iov.append(scratch[:g])
+            want += g
+        iov.append(view[d : d + m])
+        want += m
+    if os.preadv(fd0, iov, at) != want:
+        raise LayoutError(f"file ends before byte {at + want}")
+    return out
 
 
 def _gather_bytes(runs: Runs, buf: int, width: int) -> pa.Buffer:
     """Bytes [start*width, end*width) of buffer ``buf`` of each run, concatenated."""
+    off, blen = _buffer_at(runs, buf)
+    s = runs.start * width
     n = (runs.end - runs.start) * width
-    out = bytearray(int(n.sum()))
-    view = memoryview(out)
-    pos = 0
-    for fd, node, s, k in zip(runs.fd, runs.node, (runs.start * width).tolist(), n.tolist()):
-        off, blen = node.buffers[buf]
-        if s + k > blen:
-            raise LayoutError("rows past the end of their buffer")
-        _read_into(fd, view[pos : pos + k], off + s)
-        pos += k
-    return pa.py_buffer(out)
+    if (s < 0).any() or (n < 0).any() or (s + n > blen).any():
+        raise LayoutError("rows past the end of their buffer")
+    return read_ranges(runs.fd[runs.of], off + s, n)
+
+
+def _spread(at: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """For runs of ``lens`` elements starting at source index ``at``: every element's source index."""
+    ends = np.cumsum(lens)
+    return np.repeat(at - (ends - lens), lens) + np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64)
 
 
 #: offsets are read once per record batch (the span the asked rows cover) when that span is this small
 SPAN_BYTES = 1 << 20
+#: the offsets a layout holds in memory are joined per call (one vectorised gather) up to this many bytes,
+#: or up to ``JOIN_RATIO`` times the bytes asked (past that, each run slices them: a few huge fragments)
+JOIN_BYTES = 1 << 20
+JOIN_RATIO = 64
 
 
-def _gather_spans(runs: Runs, buf: int, width: int) -> np.ndarray:
-    """Like ``_gather_bytes`` (as uint8), but one read per node for the span its runs cover, when small:
-    the offsets of a batch's asked rows cost one ``pread``, not one per run."""
-    spans: dict[int, list] = {}
-    for fd, node, s, e in zip(runs.fd, runs.node, runs.start.tolist(), runs.end.tolist()):
-        sp = spans.setdefault(id(node), [fd, node, s, e])
-        sp[2], sp[3] = min(sp[2], s), max(sp[3], e)
-    data: dict[int, tuple[int, np.ndarray] | None] = {}
-    for k, (fd, node, lo, hi) in spans.items():
-        off, blen = node.buffers[buf]
-        if buf in node.cached:
-            if hi * width > blen:
+def _gather_elems(runs: Runs, buf: int, dtype: type) -> np.ndarray:
+    """Elements [start, end) of buffer ``buf`` (of ``dtype``) of each run, concatenated: from the bytes
+    the layout holds (list/string offsets, the usual case: no system call), else one read per node of
+    the span its runs cover when that is small (``SPAN_BYTES``), else one read per run."""
+    width = np.dtype(dtype).itemsize
+    lens = runs.end - runs.start
+    cached = [n.cached.get(buf) for n in runs.node]
+    if all(c is not None for c in cached):
+        size = np.array([len(c) for c in cached], np.int64) // width
+        if int(size.sum()) * width <= max(JOIN_BYTES, JOIN_RATIO * width * int(lens.sum())):
+            if ((runs.start < 0) | (lens < 0) | (runs.end > size[runs.of])).any():
                 raise LayoutError("rows past the end of their buffer")
-            data[k] = (0, node.cached[buf])
-            continue
-        if (hi - lo) * width > SPAN_BYTES:
-            data[k] = None
-            continue
-        if hi * width > blen:
-            raise LayoutError("rows past the end of their buffer")
-        data[k] = (lo, np.frombuffer(_pread(fd, (hi - lo) * width, off + lo * width), np.uint8))
-    parts = []
-    for fd, node, s, e in zip(runs.fd, runs.node, runs.start.tolist(), runs.end.tolist()):
-        got = data[id(node)]
-        if got is None:
-            parts.append(np.frombuffer(_gather_bytes(Runs([fd], [node], np.array([s]), np.array([e])), buf, width), np.uint8))
-        else:
-            lo, arr = got
-            parts.append(arr[(s - lo) * width : (e - lo) * width])
-    return np.concatenate(parts) if parts else np.zeros(0, np.uint8)
+            joined = (np.concatenate(cached) if len(cached) > 1 else cached[0]).view(dtype)
+            return joined[_spread((np.cumsum(size) - size)[runs.of] + runs.start, lens)]
+    nu = len(runs.node)
+    off, blen = _buffer_at(runs, buf)
+    if ((runs.start < 0) | (lens < 0) | (runs.end * width > blen)).any():
+        raise LayoutError("rows past the end of their buffer")
+    lo = np.full(nu, np.iinfo(np.int64).max, np.int64)
+    hi = np.zeros(nu, np.int64)
+    np.minimum.at(lo, runs.of, runs.start)
+    np.maximum.at(hi, runs.of, runs.end)
+    lo = np.minimum(lo, hi)
+    if all(c is None for c in cached) and ((hi - lo) * width <= SPAN_BYTES).all():  # one read per node's span
+        node_off = np.array([n.buffers[buf][0] for n in runs.node], np.int64)
+        joined = np.frombuffer(read_ranges(runs.fd, node_off + lo * width, (hi - lo) * width), dtype)
+        base = np.cumsum(hi - lo) - (hi - lo)
+        return joined[_spread(base[runs.of] + runs.start - lo[runs.of], lens)]
+    parts = []  # mixed or large: per run, from memory where held, else by its own read
+    for u, s, e, o in zip(runs.of.tolist(), runs.start.tolist(), runs.end.tolist(), off.tolist()):
+        c = cached[u]
+        if c is not None:
+            parts.append(c[s * width : e * width])
+        elif e > s:
+            parts.append(np.frombuffer(_pread(int(runs.fd[u]), (e - s) * width, o + s * width), np.uint8))
+    return (np.concatenate(parts) if parts else np.zeros(0, np.uint8)).view(dtype)
 
 
 def _gather_bits(runs: Runs, buf: int, when_nulls: bool) -> pa.Buffer | None:
-    """Bits [start, end) of bitmap ``buf`` of each run, repacked from bit 0; None when no run has nulls."""
+    """Bits [start, end) of bitmap ``buf`` of each run, repacked from bit 0; None when no run has nulls
+    (``when_nulls``: a validity bitmap, absent or all-valid in a node without nulls)."""
     if when_nulls and not any(n.nulls for n in runs.node):
         return None
-    parts = []
-    for fd, node, s, e in zip(runs.fd, runs.node, runs.start.tolist(), runs.end.tolist()):
-        off, blen = node.buffers[buf]
-        if when_nulls and (node.nulls == 0 or blen == 0):
-            parts.append(np.ones(e - s, np.uint8))
-            continue
-        lo, hi = s // 8, (e + 7) // 8
-        if hi > blen:
-            raise LayoutError("bitmap shorter than its rows")
-        raw = np.frombuffer(_pread(fd, hi - lo, off + lo), np.uint8)
-        parts.append(np.unpackbits(raw, bitorder="little")[s - lo * 8 : e - lo * 8])
-    bits = np.concatenate(parts) if parts else np.zeros(0, np.uint8)
-    return pa.py_buffer(np.packbits(bits, bitorder="little").tobytes())
+    nulls = np.array([n.nulls for n in runs.node], np.int64)[runs.of] if when_nulls else None
+    off, blen = _buffer_at(runs, buf)
+    read = blen > 0
+    if nulls is not None:
+        read &= nulls > 0
+    lo, hi = runs.start // 8, (runs.end + 7) // 8
+    if (read & ((lo < 0) | (hi > blen))).any():
+        raise LayoutError("bitmap shorter than its rows")
+    nbytes = np.where(read, hi - lo, 0)
+    bits = np.unpackbits(np.frombuffer(read_ranges(runs.fd[runs.of], off + lo, nbytes), np.uint8), bitorder="little")
+    bits = np.append(bits, np.uint8(1))  # what a run without a bitmap reads: valid
+    lens = runs.end - runs.start
+    first_bit = np.zeros(len(lens), np.int64)
+    np.cumsum(nbytes[:-1] * 8, out=first_bit[1:])
+    idx = _spread(first_bit + runs.start - lo * 8, lens)
+    idx[np.repeat(~read, lens)] = len(bits) - 1
+    return pa.py_buffer(np.packbits(bits[idx], bitorder="little").tobytes())
 
 
 def _offsets(runs: Runs, buf: int, dtype: type) -> tuple[pa.Buffer, Runs]:
     """The runs' offsets rebased from 0, and the child element runs they point at."""
-    width = np.dtype(dtype).itemsize
-    raw = _gather_spans(Runs(runs.fd, runs.node, runs.start, runs.end + 1), buf, width)
-    offs = raw.view(dtype).astype(np.int64)
-    counts = (runs.end - runs.start + 1)
-    firsts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-    lasts = firsts + counts - 1
-    cstart, cend = offs[firsts], offs[lasts]
+    offs = _gather_elems(Runs(runs.fd, runs.node, runs.of, runs.start, runs.end + 1), buf, dtype).astype(np.int64)
+    lasts = np.cumsum(runs.end - runs.start + 1) - 1
+    cstart, cend = offs[lasts - (runs.end - runs.start)], offs[lasts]
+    kids = [n.children[0] if n.children else n for n in runs.node]
     child_len = np.array([n.children[0].length if n.children else n.buffers[2][1] for n in runs.node], np.int64)
-    steps = np.diff(offs)
-    steps[lasts[:-1]] = 0  # the jump between two runs is not a length
-    if (cstart < 0).any() or (cend > child_len).any() or (steps < 0).any():
-        raise LayoutError("offsets out of order or past their child")
     lens = np.diff(offs)
-    keep = np.ones(len(lens), bool)
-    keep[lasts[:-1]] = False
-    out = np.zeros(int(keep.sum()) + 1, np.int64)
-    np.cumsum(lens[keep], out=out[1:])
-    return pa.py_buffer(out.astype(dtype).tobytes()), Runs(runs.fd, [n.children[0] if n.children else n for n in runs.node],
-                                                             cstart, cend)
+    if len(lasts) > 1:
+        lens[lasts[:-1]] = 0  # the jump between two runs is not a length
+    if (cstart < 0).any() or (cend > child_len[runs.of]).any() or (lens < 0).any():
+        raise LayoutError("offsets out of order or past their child")
+    if len(lasts) > 1:
+        lens = np.delete(lens, lasts[:-1])
+    out = np.zeros(len(lens) + 1, dtype)
+    np.cumsum(lens, out=out[1:])
+    return pa.py_buffer(out), runs.with_nodes(kids, cstart, cend)
 
 
 def read_runs(t: pa.DataType, runs: Runs) -> pa.Array:
@@ -357,27 +441,56 @@ def read_runs(t: pa.DataType, runs: Runs) -> pa.Array:
         return pa.Array.from_buffers(t, length, [validity, offs], children=[read_runs(t.value_type, child)])
     if kind == "fixed_list":
         k = t.list_size
-        child = Runs(runs.fd, [n.children[0] for n in runs.node], runs.start * k, runs.end * k)
+        child = runs.with_nodes([n.children[0] for n in runs.node], runs.start * k, runs.end * k)
         return pa.Array.from_buffers(t, length, [validity], children=[read_runs(t.value_type, child)])
     if kind == "struct":
-        kids = [read_runs(t.field(i).type, Runs(runs.fd, [n.children[i] for n in runs.node], runs.start, runs.end))
+        kids = [read_runs(t.field(i).type, runs.with_nodes([n.children[i] for n in runs.node], runs.start, runs.end))
                 for i in range(t.num_fields)]
         return pa.Array.from_buffers(t, length, [validity], children=kids)
     raise NotImplementedError(str(t))
 
 
+@dataclass
+class Split:
+    """Asked rows cut into runs of consecutive rows of one record batch, in the order asked."""
+
+    fd: np.ndarray  # per distinct (file, batch): its file
+    batch: list[tuple[Layout, int]]  # per distinct (file, batch)
+    of: np.ndarray  # per run: index into ``batch``
+    start: np.ndarray  # per run: first row in its batch
+    end: np.ndarray
+
+    def runs(self, column: int) -> Runs:
+        """The runs of top-level ``column``."""
+        return Runs(self.fd, [lay.batches[b][column] for lay, b in self.batch], self.of, self.start, self.end)
+
+
+def split(fds: list[int], layouts: list[Layout], which: np.ndarray, rows: np.ndarray) -> Split:
+    """Row ``rows[i]`` of file ``which[i]`` for every i, cut into runs (vectorised: no per-row Python)."""
+    if all(len(lay.batches) == 1 for lay in layouts):  # the usual fragment: one record batch: runs by file
+        cut = np.flatnonzero((np.diff(which) != 0) | (np.diff(rows) != 1)) + 1
+        first_row = np.concatenate([[0], cut])
+        lens = np.diff(np.append(first_row, len(rows)))
+        return Split(np.asarray(fds, np.int64), [(lay, 0) for lay in layouts], which[first_row], rows[first_row],
+                     rows[first_row] + lens)
+    else:  # which batch holds a row: one search over every file's batch starts, keyed by file
+        nb = [len(lay.batches) for lay in layouts]
+        allstarts = np.concatenate([lay.starts[:-1] for lay in layouts])
+        first = np.zeros(len(layouts), np.int64)
+        np.cumsum(nb[:-1], out=first[1:])
+        keyed = np.repeat(np.arange(len(layouts), dtype=np.int64), nb) * (1 << 40) + allstarts
+        g = np.searchsorted(keyed, which * (1 << 40) + rows, side="right") - 1
+        batch, local = g - first[which], rows - allstarts[g]
+    cut = np.flatnonzero((np.diff(which) != 0) | (np.diff(batch) != 0) | (np.diff(local) != 1)) + 1
+    first_row = np.concatenate([[0], cut]).astype(np.int64)
+    last_row = np.concatenate([cut, [len(rows)]]).astype(np.int64)
+    pairs, of = np.unique(which[first_row] * (1 << 32) + batch[first_row], return_inverse=True)
+    w, b = (pairs >> 32).tolist(), (pairs & 0xFFFFFFFF).tolist()
+    return Split(np.asarray(fds, np.int64)[pairs >> 32], [(layouts[i], j) for i, j in zip(w, b)],
+                 of.reshape(-1).astype(np.int64), local[first_row], local[first_row] + (last_row - first_row))
+
+
 def runs_of(fds: list[int], layouts: list[Layout], which: np.ndarray, rows: np.ndarray,
             column: int) -> Runs:
     """Runs of consecutive rows of one batch, in the order asked, for top-level ``column``."""
-    batch = np.empty(len(rows), np.int64)
-    local = np.empty(len(rows), np.int64)
-    for i, lay in enumerate(layouts):  # one searchsorted per fragment
-        sel = np.flatnonzero(which == i)
-        b = np.searchsorted(lay.starts, rows[sel], side="right") - 1
-        batch[sel], local[sel] = b, rows[sel] - lay.starts[b]
-    cut = np.flatnonzero((np.diff(which) != 0) | (np.diff(batch) != 0) | (np.diff(local) != 1)) + 1
-    first = np.concatenate([[0], cut]).astype(np.int64)
-    last = np.concatenate([cut, [len(rows)]]).astype(np.int64)
-    w, b = which[first].tolist(), batch[first].tolist()
-    return Runs([fds[i] for i in w], [layouts[i].batches[j][column] for i, j in zip(w, b)],
-                 local[first], local[first] + (last - first))
+    return split(fds, layouts, which, rows).runs(column)
