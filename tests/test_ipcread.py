@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from lakebuffer.errors import CorruptionError
-from lakebuffer.tiers import Location, ipcread
+from lakebuffer.tiers import Location, ipcread, vmread
 from lakebuffer.tiers.warm import WarmTier
 
 SCHEMA = pa.schema([
@@ -86,21 +86,26 @@ def _expect(tables: list[pa.Table], which: np.ndarray, rows: np.ndarray, columns
     return whole.select(columns).take(pa.array(starts[which] + rows))
 
 
-MODES = {
+MODES = {  # (vmread._usable False: the kernel refused process_vm_readv, so every range is a preadv)
     "default": {},
-    "no_coalescing": {"GAP_BYTES": 0},
-    "coalesce_everything": {"GAP_BYTES": 1 << 20},
+    "preadv": {"vmread": False},
+    "preadv_no_coalescing": {"vmread": False, "GAP_BYTES": 0},
+    "preadv_coalesce_everything": {"vmread": False, "GAP_BYTES": 1 << 20},
     "offsets_by_span": {"CACHE_OFFSETS_BYTES": 0},
     "offsets_by_run": {"CACHE_OFFSETS_BYTES": 0, "SPAN_BYTES": 0},
     "offsets_sliced_per_run": {"JOIN_BYTES": 0, "JOIN_RATIO": 0},
     "offsets_partly_held": {"CACHE_OFFSETS_BYTES": 3000},
+    "preadv_offsets_by_span": {"vmread": False, "CACHE_OFFSETS_BYTES": 0},
 }
 
 
 @pytest.mark.parametrize("mode", list(MODES))
 def test_take_returns_the_asked_rows_on_every_read_path(tmp_path, monkeypatch, mode):
     for name, value in MODES[mode].items():
-        monkeypatch.setattr(ipcread, name, value)
+        if name == "vmread":
+            monkeypatch.setattr(vmread, "_usable", value)
+        else:
+            monkeypatch.setattr(ipcread, name, value)
     t = WarmTier(tmp_path / "warm", SCHEMA)  # staged under the mode: offsets are held when a file is opened
     tables = [_table(300, 1), pa.concat_tables([_table(n, 10 + n) for n in (50, 1, 120, 77)]), _table(64, 3)]
     parts = [t.stage(table).part for table in tables]
@@ -115,8 +120,10 @@ def test_take_returns_the_asked_rows_on_every_read_path(tmp_path, monkeypatch, m
 
 
 def test_small_values_of_one_file_are_read_by_one_system_call(tier, monkeypatch):
-    """A fixed-width column's asked rows that lie close together in a file cost one ``preadv``."""
+    """Without ``process_vm_readv``: a fixed-width column's asked rows that lie close together in a file
+    cost one ``preadv``."""
     t, parts, tables = tier
+    monkeypatch.setattr(vmread, "_usable", False)
     calls = []
     real = ipcread.os.preadv
 
@@ -132,7 +139,24 @@ def test_small_values_of_one_file_are_read_by_one_system_call(tier, monkeypatch)
     assert calls == [11, 11, 11, 11]
 
 
-def test_a_row_past_its_fragment_or_a_short_file_is_corruption(tier):
+def test_mapped_copies_take_one_system_call_per_buffer(tier, monkeypatch):
+    """With ``process_vm_readv``: one copy per buffer read (validity, values), whatever the rows."""
+    if not vmread.available():
+        pytest.skip("process_vm_readv is refused here")
+    t, parts, tables = tier
+    calls = []
+    real = vmread.copy
+    monkeypatch.setattr(vmread, "copy", lambda out, addr, n: calls.append(len(n)) or real(out, addr, n))
+    rows = np.array([250, 3, 120, 17, 299, 10, 5, 6, 7])
+    which = np.array([0, 0, 0, 1, 0, 2, 1, 1, 1])
+    got = t.take(Location(np.array(parts)[which], rows), ["i64", "ids"])
+    assert got.equals(_expect(tables, which, rows, ["i64", "ids"]))
+    assert len(calls) == 4  # i64: validity, values; ids: validity, values (offsets come from the layout)
+
+
+@pytest.mark.parametrize("mapped", [True, False])
+def test_a_row_past_its_fragment_or_a_short_file_is_corruption(tier, monkeypatch, mapped):
+    monkeypatch.setattr(vmread, "_usable", mapped and vmread.available())
     t, parts, tables = tier
     with pytest.raises(CorruptionError, match="fewer rows"):
         t.take(Location(np.array([parts[2]]), np.array([64])), ["ids"])

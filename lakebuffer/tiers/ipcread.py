@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from . import vmread
+
 _IPC_MAGIC = b"ARROW1"
 
 
@@ -243,14 +245,19 @@ class Runs:
     of: np.ndarray  # per run: index into ``node``
     start: np.ndarray
     end: np.ndarray
+    maps: tuple[np.ndarray, np.ndarray] | None = None  # per node: its file's map (address, bytes), if any
 
     def with_nodes(self, nodes: list[Node], start: np.ndarray, end: np.ndarray) -> Runs:
         """The same runs' elements in ``nodes`` (the children of ``node``), ranges ``start``..``end``."""
-        return Runs(self.fd, nodes, self.of, start, end)
+        return Runs(self.fd, nodes, self.of, start, end, self.maps)
+
+    def source(self, idx: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
+        """The file (and map) of node ``idx[i]`` for each i: what ``read_ranges`` reads from."""
+        return self.fd[idx], None if self.maps is None else (self.maps[0][idx], self.maps[1][idx])
 
 
 def one_run(fd: int, node: Node, start: int, end: int) -> Runs:
-    """Elements [start, end) of ``node`` (a scan's chunk)."""
+    """Elements [start, end) of ``node`` (a scan's chunk: one large range, one ``preadv``)."""
     return Runs(np.array([fd], np.int64), [node], np.zeros(1, np.int64), np.array([start], np.int64),
                 np.array([end], np.int64))
 
@@ -268,18 +275,29 @@ GAP_BYTES = 4096
 _IOV_MAX = 512  # ranges per preadv (Linux allows 1,024 buffers)
 
 
-def read_ranges(fds: np.ndarray, pos: np.ndarray, n: np.ndarray) -> pa.Buffer:
+def read_ranges(fds: np.ndarray, pos: np.ndarray, n: np.ndarray,
+                maps: tuple[np.ndarray, np.ndarray] | None = None) -> pa.Buffer:
     """Bytes [pos[i], pos[i] + n[i]) of file ``fds[i]`` for each i, concatenated in that order.
 
-    Ranges of one file that lie within ``GAP_BYTES`` of each other are read by one ``preadv`` into
-    their places in the output (so a column of small values costs about one system call per file,
-    not one per row); a short read (the file ends early) is ``LayoutError``.
+    With ``maps`` (each range's file mapped: address, bytes) every range is copied by one
+    ``process_vm_readv`` (``vmread``: a truncated file is an error, not a signal). Else ranges of one
+    file that lie within ``GAP_BYTES`` of each other are read by one ``preadv`` into their places in
+    the output (a column of small values costs about one system call per file, not one per row). A
+    short read (the file ends early) is ``LayoutError``.
     """
     total = int(n.sum())
     arr = np.empty(total, np.uint8)  # the process heap, reused (a fresh pool block faults in its pages)
     out = pa.py_buffer(arr)
     if total == 0:
         return out
+    if maps is not None and vmread.available() and maps[0].all():
+        if ((pos < 0) | (pos + n > maps[1])).any():
+            raise LayoutError("a range lies outside its file")
+        try:
+            if vmread.copy(arr, maps[0] + pos, n):
+                return out
+        except vmread.VmReadError as e:
+            raise LayoutError(str(e)) from e
     view = memoryview(arr)
     dst = np.zeros(len(n) + 1, np.int64)
     np.cumsum(n, out=dst[1:])
@@ -326,7 +344,8 @@ def _gather_bytes(runs: Runs, buf: int, width: int) -> pa.Buffer:
     n = (runs.end - runs.start) * width
     if (s < 0).any() or (n < 0).any() or (s + n > blen).any():
         raise LayoutError("rows past the end of their buffer")
-    return read_ranges(runs.fd[runs.of], off + s, n)
+    fd, maps = runs.source(runs.of)
+    return read_ranges(fd, off + s, n, maps)
 
 
 def _spread(at: np.ndarray, lens: np.ndarray) -> np.ndarray:
@@ -368,7 +387,7 @@ def _gather_elems(runs: Runs, buf: int, dtype: type) -> np.ndarray:
     lo = np.minimum(lo, hi)
     if all(c is None for c in cached) and ((hi - lo) * width <= SPAN_BYTES).all():  # one read per node's span
         node_off = np.array([n.buffers[buf][0] for n in runs.node], np.int64)
-        joined = np.frombuffer(read_ranges(runs.fd, node_off + lo * width, (hi - lo) * width), dtype)
+        joined = np.frombuffer(read_ranges(runs.fd, node_off + lo * width, (hi - lo) * width, runs.maps), dtype)
         base = np.cumsum(hi - lo) - (hi - lo)
         return joined[_spread(base[runs.of] + runs.start - lo[runs.of], lens)]
     parts = []  # mixed or large: per run, from memory where held, else by its own read
@@ -395,7 +414,8 @@ def _gather_bits(runs: Runs, buf: int, when_nulls: bool) -> pa.Buffer | None:
     if (read & ((lo < 0) | (hi > blen))).any():
         raise LayoutError("bitmap shorter than its rows")
     nbytes = np.where(read, hi - lo, 0)
-    bits = np.unpackbits(np.frombuffer(read_ranges(runs.fd[runs.of], off + lo, nbytes), np.uint8), bitorder="little")
+    fd, maps = runs.source(runs.of)
+    bits = np.unpackbits(np.frombuffer(read_ranges(fd, off + lo, nbytes, maps), np.uint8), bitorder="little")
     bits = np.append(bits, np.uint8(1))  # what a run without a bitmap reads: valid
     lens = runs.end - runs.start
     first_bit = np.zeros(len(lens), np.int64)
@@ -459,38 +479,39 @@ class Split:
     of: np.ndarray  # per run: index into ``batch``
     start: np.ndarray  # per run: first row in its batch
     end: np.ndarray
+    maps: tuple[np.ndarray, np.ndarray] | None  # per distinct (file, batch): its file's map (address, bytes)
 
     def runs(self, column: int) -> Runs:
         """The runs of top-level ``column``."""
-        return Runs(self.fd, [lay.batches[b][column] for lay, b in self.batch], self.of, self.start, self.end)
+        return Runs(self.fd, [lay.batches[b][column] for lay, b in self.batch], self.of, self.start, self.end,
+                    self.maps)
 
 
-def split(fds: list[int], layouts: list[Layout], which: np.ndarray, rows: np.ndarray) -> Split:
-    """Row ``rows[i]`` of file ``which[i]`` for every i, cut into runs (vectorised: no per-row Python)."""
+def split(fds: list[int], layouts: list[Layout], which: np.ndarray, rows: np.ndarray,
+          maps: list[tuple[int, int]] | None = None) -> Split:
+    """Row ``rows[i]`` of file ``which[i]`` for every i, cut into runs (vectorised: no per-row Python).
+    ``maps``: each file's map (address, bytes; address 0: none), copied from instead of read."""
+    fd = np.asarray(fds, np.int64)
+    m = np.asarray(maps, np.int64).reshape(-1, 2) if maps else None
     if all(len(lay.batches) == 1 for lay in layouts):  # the usual fragment: one record batch: runs by file
         cut = np.flatnonzero((np.diff(which) != 0) | (np.diff(rows) != 1)) + 1
         first_row = np.concatenate([[0], cut])
         lens = np.diff(np.append(first_row, len(rows)))
-        return Split(np.asarray(fds, np.int64), [(lay, 0) for lay in layouts], which[first_row], rows[first_row],
-                     rows[first_row] + lens)
-    else:  # which batch holds a row: one search over every file's batch starts, keyed by file
-        nb = [len(lay.batches) for lay in layouts]
-        allstarts = np.concatenate([lay.starts[:-1] for lay in layouts])
-        first = np.zeros(len(layouts), np.int64)
-        np.cumsum(nb[:-1], out=first[1:])
-        keyed = np.repeat(np.arange(len(layouts), dtype=np.int64), nb) * (1 << 40) + allstarts
-        g = np.searchsorted(keyed, which * (1 << 40) + rows, side="right") - 1
-        batch, local = g - first[which], rows - allstarts[g]
+        return Split(fd, [(lay, 0) for lay in layouts], which[first_row], rows[first_row], rows[first_row] + lens,
+                     None if m is None else (m[:, 0], m[:, 1]))
+    # which batch holds a row: one search over every file's batch starts, keyed by file
+    nb = [len(lay.batches) for lay in layouts]
+    allstarts = np.concatenate([lay.starts[:-1] for lay in layouts])
+    first = np.zeros(len(layouts), np.int64)
+    np.cumsum(nb[:-1], out=first[1:])
+    keyed = np.repeat(np.arange(len(layouts), dtype=np.int64), nb) * (1 << 40) + allstarts
+    g = np.searchsorted(keyed, which * (1 << 40) + rows, side="right") - 1
+    batch, local = g - first[which], rows - allstarts[g]
     cut = np.flatnonzero((np.diff(which) != 0) | (np.diff(batch) != 0) | (np.diff(local) != 1)) + 1
     first_row = np.concatenate([[0], cut]).astype(np.int64)
     last_row = np.concatenate([cut, [len(rows)]]).astype(np.int64)
     pairs, of = np.unique(which[first_row] * (1 << 32) + batch[first_row], return_inverse=True)
-    w, b = (pairs >> 32).tolist(), (pairs & 0xFFFFFFFF).tolist()
-    return Split(np.asarray(fds, np.int64)[pairs >> 32], [(layouts[i], j) for i, j in zip(w, b)],
-                 of.reshape(-1).astype(np.int64), local[first_row], local[first_row] + (last_row - first_row))
-
-
-def runs_of(fds: list[int], layouts: list[Layout], which: np.ndarray, rows: np.ndarray,
-            column: int) -> Runs:
-    """Runs of consecutive rows of one batch, in the order asked, for top-level ``column``."""
-    return split(fds, layouts, which, rows).runs(column)
+    f = pairs >> 32
+    return Split(fd[f], [(layouts[i], j) for i, j in zip(f.tolist(), (pairs & 0xFFFFFFFF).tolist())],
+                 of.reshape(-1).astype(np.int64), local[first_row], local[first_row] + (last_row - first_row),
+                 None if m is None else (m[f, 0], m[f, 1]))

@@ -57,6 +57,7 @@ from ..errors import CorruptionError, LakeBufferError, StorageError, disk_full, 
 from .base import Location, Staged, gather
 from .checksum import repair_hint
 from .ipcread import Layout, LayoutError, one_run, read_layout, read_runs, split
+from .vmread import Mapping
 from .wal import _FOOTER, _MAGIC, WriteAheadLog, fsync_path
 from .warmscan import DELETED_KEY, WarmDataset
 
@@ -138,6 +139,8 @@ class _Open:
     def __post_init__(self) -> None:
         self.fd = self.src.fileno()  # an attribute: read per fragment per call
         self.rows = self.layout.rows
+        #: the file mapped, for scattered copies that fail instead of signalling (``vmread``); never read directly
+        self.map = Mapping(self.fd, self.sig[1]) if self.plain else Mapping(self.fd, 0)
 
     @property
     def ipc_end(self) -> int:
@@ -390,7 +393,8 @@ class WarmTier:
             raise CorruptionError(f"warm fragment {bad} ({self.file_of(bad)}) has fewer rows than the index says; "
                                   f"{repair_hint(self.buffer_dir)}")
         if all(o.plain for o in opens):
-            plan = split([o.fd for o in opens], [o.layout for o in opens], inv, rows)
+            plan = split([o.fd for o in opens], [o.layout for o in opens], inv, rows,
+                         [(o.map.addr, o.map.size) for o in opens])
             arrays = [read_runs(schema.field(c).type, plan.runs(self.schema.get_field_index(c))) for c in columns]
             return pa.Table.from_arrays(arrays, schema=schema)
         # another layout (dictionaries, compression, an older schema): the touched batches' columns whole
