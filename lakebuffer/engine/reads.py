@@ -105,15 +105,19 @@ def _cold_locations(s: BufferState, batch: np.ndarray, pos: np.ndarray) -> Locat
     """(file number, row in file) of each (cold batch, position), from the index's location records."""
     part = np.empty(len(batch), np.int64)
     row = np.empty(len(batch), np.int64)
-    for b in np.unique(batch).tolist():
-        locs = s.index.cold_locations(b)
+    uniq, inv = np.unique(batch, return_inverse=True)
+    numbers: dict[str, int] = {}
+    for i, (b, locs) in enumerate(zip(uniq.tolist(), s.index.cold_locations_many(uniq.tolist()))):
         if locs is None:
             raise CorruptionError(f"cold batch {b}: its lake locations are missing from the key index; "
                                   f"run `lakebuffer fsck --repair {s.path}`")
         files, file_idx, rows = locs
-        numbers = np.array([s.cold.number(e) for e in files], np.int64)
-        sel = np.flatnonzero(batch == b)
-        part[sel] = numbers[file_idx[pos[sel]]]
+        for e in files:
+            if e["path"] not in numbers:
+                numbers[e["path"]] = s.cold.number(e)
+        nums = np.array([numbers[e["path"]] for e in files], np.int64)
+        sel = np.flatnonzero(inv == i)
+        part[sel] = nums[file_idx[pos[sel]]]
         row[sel] = rows[pos[sel]]
     return Location(part, row)
 
