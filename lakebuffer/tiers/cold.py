@@ -310,13 +310,15 @@ class ColdTier:
         self._unreadable(lake, entry, res)
         raise AssertionError("unreachable")
 
-    def _open(self, lake: Any, entry: dict) -> pq.ParquetFile:
-        """The file, checked whole once per process (``verify_entry``), opened for ranged reads."""
+    def _open(self, lake: Any, entry: dict, whole: bool = True) -> pq.ParquetFile:
+        """The file, checked whole once per process (``verify_entry``; not with ``whole=False``: then
+        only the page checksums of what is read are), opened for ranged reads."""
         from ..lake.verified import verify_entry
 
         store = lake.store
         try:
-            verify_entry(store, entry)
+            if whole:
+                verify_entry(store, entry)
             md = self._footers.get(entry["path"])  # a file never changes under its name: its footer is read once
             pf = pq.ParquetFile(store.pafs.open_input_file(store.abs(entry["path"])), metadata=md,
                                 page_checksum_verification=True)
@@ -373,7 +375,9 @@ class ColdTier:
     # finding rows ----------------------------------------------------------------------------
     def locate(self, keys: Sequence[str]) -> tuple[list[dict], np.ndarray, np.ndarray, np.ndarray]:
         """Where the run's live lake files hold ``keys``: (file entries, file index, row, found), one
-        key column read per file whose key range may hold one of them."""
+        key column read per file whose key range may hold one of them: its pages' checksums checked,
+        never the whole file (a damaged key page that still decodes names a wrong row, which the
+        digests of the read that follows catch: ``CorruptionError`` naming the file)."""
         from ..lake.reader import key_range_hit
 
         lake = self._lake()
@@ -389,8 +393,13 @@ class ColdTier:
         for entry in m["files"]:
             if not key_range_hit(entry, sorted_keys):
                 continue
-            pf = self._open(lake, entry)
-            at = pc.index_in(wanted, value_set=pf.read(columns=["key"], use_threads=False).column("key"))
+            pf = self._open(lake, entry, whole=False)
+            try:
+                held = pf.read(columns=["key"], use_threads=False).column("key")
+            except (pa.ArrowInvalid, OSError) as e:
+                raise CorruptionError(f"lake file {lake.store.url_of(entry['path'])}: its key column cannot be "
+                                      f"decoded ({e}); restore it from a copy of the lake") from e
+            at = pc.index_in(wanted, value_set=held)
             pos = at.to_numpy(zero_copy_only=False)
             hit = ~np.isnan(pos.astype(np.float64)) & (file_idx < 0)
             if hit.any():
