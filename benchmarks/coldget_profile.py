@@ -21,6 +21,7 @@ import json
 import os
 import pstats
 import random
+import re
 import statistics
 import time
 from pathlib import Path
@@ -32,6 +33,7 @@ import lakebuffer as lb
 from lakebuffer.bench.data import stream
 
 COLS = ["response_ids"]
+_REQUEST = re.compile(r'"(?:\x1b\[[0-9;]*m)*(GET|HEAD|PUT|POST|DELETE) ')  # werkzeug colours some lines
 
 
 def build(path: Path, lake: str, mb: int, storage_options: dict | None) -> None:
@@ -60,7 +62,11 @@ def lance_of(buf: lb.ReplayBuffer, uri: str, storage_options: dict | None) -> tu
     if not uri.startswith("s3://") and os.path.exists(uri):
         ds = lance.dataset(uri)
     else:
-        ds = lance.write_dataset(t, uri, mode="overwrite", storage_options=opts)
+        # files of the lake files' size: moto copies a whole object to answer a ranged GET, so one
+        # 200 MB Lance file made each of its takes' requests ~40 ms there (not so on a real store)
+        per_file = max(1024, t.num_rows // max(1, buf.stats()["cold"]["files"]))
+        ds = lance.write_dataset(t, uri, mode="overwrite", storage_options=opts, max_rows_per_file=per_file,
+                                 max_rows_per_group=per_file)
     keys = ds.to_table(columns=["key"]).column("key").to_pylist()
     return ds, {k: i for i, k in enumerate(keys)}
 
@@ -75,8 +81,28 @@ def lance_options(storage_options: dict | None) -> dict | None:
             "aws_endpoint": endpoint, "aws_region": ck.get("region_name", "us-east-1"), "allow_http": "true"}
 
 
+def _requests(log: Path | None) -> dict[str, int]:
+    """Requests moto logged so far, by method (werkzeug logs one line per request)."""
+    if log is None:
+        return {}
+    out: dict[str, int] = {}
+    for m in _REQUEST.findall(log.read_text(errors="replace")):
+        out[m] = out.get(m, 0) + 1
+    return out
+
+
+def _count(log: Path | None, fn, n: int) -> dict[str, float]:
+    """Requests per call of ``fn`` over ``n`` calls."""
+    before = _requests(log)
+    for _ in range(n):
+        fn()
+    time.sleep(0.3)  # the server logs a request after answering it
+    after = _requests(log)
+    return {m: round((after.get(m, 0) - before.get(m, 0)) / n, 1) for m in after}
+
+
 def measure(path: Path, lake: str, calls: int, n_keys: int, storage_options: dict | None, lance_uri: str | None,
-            profile: bool, mb: int) -> dict:
+            profile: bool, mb: int, log: Path | None = None) -> dict:
     t0 = time.perf_counter()
     buf = lb.ReplayBuffer.open(path, lake=lake, storage_options=storage_options, memory_limit_mb=max(4, mb // 16),
                                snapshot_interval_s=0, disk_limit_gb=(mb << 20) / 4 / 2**30, run_id="r")
@@ -124,6 +150,11 @@ def measure(path: Path, lake: str, calls: int, n_keys: int, storage_options: dic
                 out[f"{k}_p99_ms"] = round(_pct(xs, 0.99) * 1e3, 2)
         if times["lance"]:
             out["cold_over_lance_p50"] = round(out["cold_p50_ms"] / out["lance_p50_ms"], 2)
+        if log is not None:
+            out["requests_per_cold_get"] = _count(log, lambda: buf.get(rng.sample(cold, n_keys), COLS), 5)
+            if ds is not None:
+                out["requests_per_lance_take"] = _count(
+                    log, lambda: ds.take(sorted(where[k] for k in rng.sample(cold, n_keys)), columns=COLS), 5)
         if prof is not None:
             s = io.StringIO()
             pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(45)
@@ -163,10 +194,11 @@ def main() -> None:
 
         from lakebuffer.bench.s3 import MotoServer
 
-        with MotoServer() as s3, tempfile.TemporaryDirectory(prefix="coldget2-s3-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="coldget2-s3-") as tmp, \
+                MotoServer(log_path=f"{tmp}/moto.log") as s3:
             build(Path(tmp) / "buf", s3.url("lake"), a.mb, s3.storage_options)
             r = measure(Path(tmp) / "buf", s3.url("lake"), a.calls, a.keys, s3.storage_options,
-                        s3.url("lance") if a.lance else None, a.profile, a.mb)
+                        s3.url("lance") if a.lance else None, a.profile, a.mb, log=Path(tmp) / "moto.log")
             prof = r.pop("profile", None)
             print(json.dumps(r), flush=True)
             if prof:

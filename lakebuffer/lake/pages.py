@@ -105,6 +105,8 @@ class PageReader:
                    .set("datafusion.execution.parquet.enable_page_index", "true")
                    # lake files carry no bloom filters: asking for them cost ~0.3 ms a file
                    .set("datafusion.execution.parquet.bloom_filter_on_read", "false")
+                   # no planner statistics: one scan per file needs none, and they are a cache of their own
+                   .set("datafusion.execution.collect_statistics", "false")
                    # one read for the footer and page index of a 32 MiB file, not its last 512 KiB
                    .set("datafusion.execution.parquet.metadata_size_hint", str(METADATA_HINT))
                    # one partition, small batches: a keyed take needs no parallel scan, and each partition
