@@ -45,6 +45,7 @@ from .engine.tasks import TaskQueue
 from .engine.writeback import WriteBack
 from .errors import ClosedError, LakeError, OptionError, SchemaError, StorageError
 from .index import KeyIndex
+from .lake.pages import cache_bytes_for
 from .options import BufferOptions
 from .results import Snapshot
 from .sandbox import QUERY_MEMORY_FLOOR
@@ -190,14 +191,16 @@ class ReplayBuffer:
             wal=WriteAheadLog(self.path / "wal", sync=o.sync), catalog=self._catalog, tasks=self.tasks,
         )
         self.hot, self.warm, self.wal, self._batches = s.hot, s.warm, s.wal, s.batches
-        self._budget = Budget(self.memory_limit_bytes, lambda: self._catalog.memory_bytes, s.lock,
+        # the metadata catalog and the cold tier's footer cache share the budget with the hot tier
+        self._budget = Budget(self.memory_limit_bytes, lambda: self._catalog.memory_bytes + (s.cold.memory_bytes() if s.cold is not None else 0), s.lock,
                               rows=lambda: sum(i.rows for i in s.batches.values()))
         self._writeback = WriteBack(s, self._budget)
         self._snapshots = Snapshots(s, self.lake, self.lake_url, self._writeback.installer, o.snapshot_interval_s,
                                     lake_error=lake_error, storage_options=o.storage_options,
                                     max_rows=o.snapshot_max_rows, max_bytes=o.snapshot_max_bytes,
                                     timeout_s=o.lake_timeout_s, lake_settings=lake_opts, restore=o.restore)
-        s.cold = ColdTier(self._snapshots.current_lake, self.run_id, self.schema)
+        s.cold = ColdTier(self._snapshots.current_lake, self.run_id, self.schema,
+                          cache_bytes=cache_bytes_for(self.memory_limit_bytes))
         self._disk = DiskBudget(s, s.cold, o.disk_limit_bytes, o.disk_free_floor_bytes,
                                 snapshot=self._snapshots.snapshot_now)
         self._snapshots.after_install = self._disk.relieve  # a restore stays within the disk budget

@@ -339,7 +339,17 @@ class KeyIndex:
 
     def cold_locations(self, batch_id: int) -> tuple[list[dict], np.ndarray, np.ndarray] | None:
         """(lake file entries, file index per position, row in that file per position) of a cold batch."""
-        blob = self._get(_bkey(b"l/", batch_id))
+        return self._cold_blob(batch_id, self._get(_bkey(b"l/", batch_id)))
+
+    def cold_locations_many(self, batch_ids: list[int]) -> list[tuple[list[dict], np.ndarray, np.ndarray] | None]:
+        """``cold_locations`` of several batches in one RocksDB multi-get (a cold ``get`` touches many)."""
+        try:
+            blobs = self._db.get([_bkey(b"l/", b) for b in batch_ids])
+        except Exception as e:  # noqa: BLE001 - rocksdict raises bare Exception
+            raise damaged(self.path, e) from e
+        return [self._cold_blob(b, blob) for b, blob in zip(batch_ids, blobs)]
+
+    def _cold_blob(self, batch_id: int, blob: bytes | None) -> tuple[list[dict], np.ndarray, np.ndarray] | None:
         if blob is None:
             return None
         try:

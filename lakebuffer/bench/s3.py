@@ -26,8 +26,9 @@ def _free_port() -> int:
 class MotoServer:
     """``with MotoServer() as s3: fs = s3.filesystem()``; one bucket, created on start."""
 
-    def __init__(self, bucket: str = BUCKET) -> None:
+    def __init__(self, bucket: str = BUCKET, log_path: str | None = None) -> None:
         self.bucket = bucket
+        self.log_path = log_path  # the server's request log (one line per request), to count requests
         self.port = _free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self._proc: subprocess.Popen | None = None
@@ -44,12 +45,17 @@ class MotoServer:
 
     def start(self, timeout_s: float = 30.0) -> MotoServer:
         env = dict(os.environ, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench")
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env=env,
-        )
+        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115 - the child holds it
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                env=env,
+            )
+        finally:
+            if self.log_path:
+                log.close()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:

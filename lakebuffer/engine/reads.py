@@ -34,9 +34,18 @@ def _get(s: BufferState, keys: Sequence[str] | pa.Array, columns: Sequence[str] 
     cols, fetch = projection(s.schema, columns)
     if cols and "sample_count" not in cols:
         fetch = cols  # rows come back by position; ``key`` is read only to join live replay counts
-    out_schema = pa.schema([s.schema.field(c) for c in fetch])
     if not keys:
         return pa.schema([s.schema.field(c) for c in cols]).empty_table()
+    table = _fetch(s, keys, fetch, retry=True)
+    if "sample_count" in cols:
+        table = s.catalog.live_counts(table)
+    return table.select(cols)
+
+
+def _fetch(s: BufferState, keys: list[str], fetch: list[str], retry: bool) -> pa.Table:
+    """The rows of ``keys`` with ``fetch`` columns, planned by tier under the lock, read outside it;
+    cold rows found stale are found again and fetched once more, planned anew (``retry``)."""
+    out_schema = pa.schema([s.schema.field(c) for c in fetch])
     with s.lock:
         batch, pos, found = s.index.lookup(keys)
         if not found.all():
@@ -72,48 +81,45 @@ def _get(s: BufferState, keys: Sequence[str] | pa.Array, columns: Sequence[str] 
         parts.append(warm.take(where, fetch).select(fetch))
         order.append(warm_rows)
     if len(cold_rows):
-        parts.append(_take_cold(s, [keys[i] for i in cold_rows.tolist()], batch[cold_rows], pos[cold_rows], fetch,
-                                cold_where))
+        parts.append(_take_cold(s, [keys[i] for i in cold_rows.tolist()], batch[cold_rows], fetch, cold_where, retry))
         order.append(cold_rows)
         if s.on_cold_read is not None:
             s.on_cold_read(np.unique(batch[cold_rows]).tolist())
-    table = _in_order([p.cast(out_schema) for p in parts], order, out_schema)
-    if "sample_count" in cols:
-        table = s.catalog.live_counts(table)
-    return table.select(cols)
+    return _in_order([p.cast(out_schema) for p in parts], order, out_schema)
 
 
-def _take_cold(s: BufferState, keys: list[str], batch: np.ndarray, pos: np.ndarray, columns: list[str],
-               where: Location) -> pa.Table:
-    """Cold rows from their lake locations (``where``, read under the lock); a stale location (compaction,
-    lake deletes) is found again, recorded, and read once more."""
-    for attempt in (0, 1):
-        if attempt:
-            with s.lock:
-                where = _cold_locations(s, batch, pos)
-        try:
-            return s.cold.take_checked(where, columns, keys)
-        except StaleLocation:
-            if attempt:
-                raise CorruptionError(f"rows of cold batches {sorted(set(batch.tolist()))} are not where the lake's "
-                                      f"files say; run `lakebuffer fsck {s.path}`") from None
-            relocate(s, sorted(set(batch.tolist())))
-    raise AssertionError("unreachable")
+def _take_cold(s: BufferState, keys: list[str], batch: np.ndarray, columns: list[str], where: Location,
+               retry: bool) -> pa.Table:
+    """Cold rows from their lake locations (``where``, read under the lock). A stale location (compaction,
+    lake deletes) is found again and recorded, and the keys are fetched once more, planned by tier anew:
+    meanwhile a promotion may have moved their batch to the warm tier (and dropped its cold locations)."""
+    try:
+        return s.cold.take_checked(where, columns, keys)
+    except StaleLocation:
+        if not retry:
+            raise CorruptionError(f"rows of cold batches {sorted(set(batch.tolist()))} are not where the lake's "
+                                  f"files say; run `lakebuffer fsck {s.path}`") from None
+    relocate(s, sorted(set(batch.tolist())))
+    return _fetch(s, keys, columns, retry=False)
 
 
 def _cold_locations(s: BufferState, batch: np.ndarray, pos: np.ndarray) -> Location:
     """(file number, row in file) of each (cold batch, position), from the index's location records."""
     part = np.empty(len(batch), np.int64)
     row = np.empty(len(batch), np.int64)
-    for b in np.unique(batch).tolist():
-        locs = s.index.cold_locations(b)
+    uniq, inv = np.unique(batch, return_inverse=True)
+    numbers: dict[str, int] = {}
+    for i, (b, locs) in enumerate(zip(uniq.tolist(), s.index.cold_locations_many(uniq.tolist()))):
         if locs is None:
             raise CorruptionError(f"cold batch {b}: its lake locations are missing from the key index; "
                                   f"run `lakebuffer fsck --repair {s.path}`")
         files, file_idx, rows = locs
-        numbers = np.array([s.cold.number(e) for e in files], np.int64)
-        sel = np.flatnonzero(batch == b)
-        part[sel] = numbers[file_idx[pos[sel]]]
+        for e in files:
+            if e["path"] not in numbers:
+                numbers[e["path"]] = s.cold.number(e)
+        nums = np.array([numbers[e["path"]] for e in files], np.int64)
+        sel = np.flatnonzero(inv == i)
+        part[sel] = nums[file_idx[pos[sel]]]
         row[sel] = rows[pos[sel]]
     return Location(part, row)
 

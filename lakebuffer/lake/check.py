@@ -21,10 +21,10 @@ from .entries import entries_of
 from .layout import sha256_of
 
 if TYPE_CHECKING:
-    from .table import Lake
+    from .parts import LakeParts
 
 
-def _parquet_problem(lake: Lake, entry: dict) -> str | None:
+def _parquet_problem(lake: LakeParts, entry: dict) -> str | None:
     """Decode a file lakebuffer did not write (no sha256 to check it by); what fails, or None."""
     try:
         with lake.store.fs.open(lake.store.abs(entry["path"]), "rb") as f:
@@ -36,11 +36,12 @@ def _parquet_problem(lake: Lake, entry: dict) -> str | None:
     return None
 
 
-def check_files(lake: Lake, run_id: str | None = None) -> dict[str, Any]:
+def check_files(lake: LakeParts, run_id: str | None = None, strict: bool = False) -> dict[str, Any]:
     """``{"files", "bytes" (as the log lists them), "version", "damaged": [{"path", "run_id", "problem"}],
     "unverifiable"}`` over
     the live files of the table (or of ``run_id``); ``unverifiable`` counts files without a sha256 in
-    their names (decoded instead)."""
+    their names (decoded instead). ``strict``: a file the store does not serve (``LakeBufferError``,
+    e.g. the store is down) raises instead of being reported damaged (``Lake.verify``)."""
     dt = lake.delta.table()
     out: dict[str, Any] = {"files": 0, "bytes": 0, "version": dt.version() if dt is not None else None,
                            "damaged": [], "unverifiable": 0}
@@ -52,6 +53,8 @@ def check_files(lake: Lake, run_id: str | None = None) -> dict[str, Any]:
         except FileNotFoundError:
             problem = f"missing (listed by version {out['version']} of the Delta log)"
         except LakeBufferError as e:
+            if strict:
+                raise
             problem = f"unreadable: {e}"
         if problem is None and not sha256_of(entry["path"]):
             out["unverifiable"] += 1

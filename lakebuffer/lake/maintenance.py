@@ -30,10 +30,11 @@ from deltalake.exceptions import CommitFailedError
 from ..errors import CorruptionError, LakeBufferError, LakeError
 from ..schema import cast_to
 from . import s3
+from .check import check_files
 from .entries import add_action, entries_of, remove_action
 from .layout import TOKEN_TIME, check_run_id
 from .parts import LakeParts
-from .reader import FileReader, read_group, stream_problem
+from .reader import FileReader, read_group
 from .rows import schema_from_b64, without
 from .writer import Writer
 
@@ -41,27 +42,16 @@ _TOTALS = ("files_before", "files_after", "rows_before", "rows_after", "bytes_be
 
 
 def verify(lake: LakeParts, run_id: str | None = None) -> dict:
-    """Check size and sha256 (from its name) of every live file of the table (or of one run);
-    ``CorruptionError`` naming every bad or missing file, else a summary."""
-    bad: list[str] = []
-    nfiles = nbytes = 0
-    dt = lake.delta.table()
-    for entry in entries_of(dt, run_id):
-        nfiles += 1
-        url = lake.store.url_of(entry["path"])
-        try:
-            problem = stream_problem(lake.store, entry)  # in chunks: memory does not grow with the file
-        except FileNotFoundError:
-            bad.append(f"{url} (missing; listed by version {dt.version()} of the Delta log, run {entry['run_id']!r})")
-            continue
-        nbytes += int(entry["bytes"])
-        if problem:
-            bad.append(f"{url} ({problem})")
+    """Check size and sha256 (from its name) of every live file of the table (or of one run), through
+    ``check.check_files`` (fsck's check: one implementation); ``CorruptionError`` naming every bad or
+    missing file, else a summary. A store that does not answer raises ``LakeError`` (not damage)."""
+    res = check_files(lake, run_id, strict=True)
+    bad = [f"{d['path']} ({d['problem']}, run {d['run_id']!r})" for d in res["damaged"]]
     if bad:
         err = CorruptionError(f"{len(bad)} lake file(s) fail verification: " + "; ".join(bad))
-        err.paths = [b.split(" (", 1)[0] for b in bad]
+        err.paths = [d["path"] for d in res["damaged"]]
         raise err
-    return {"files": nfiles, "bytes": nbytes, "version": dt.version() if dt is not None else None}
+    return {"files": res["files"], "bytes": res["bytes"], "version": res["version"]}
 
 
 def _plan(entries: list[dict], target_file_bytes: int, small_file_fraction: float) -> list[dict]:

@@ -32,8 +32,10 @@ from .runtime import native_call, s3_settings
 
 #: files registered with the reader at a time (a footer and page index each in DataFusion's cache)
 MAX_TABLES = 256
-#: DataFusion's cache of Parquet footers and page indexes: part of the buffer's RAM budget
-METADATA_CACHE = "16M"
+#: DataFusion's cache of Parquet footers and page indexes when the owner gives no budget share
+METADATA_CACHE_BYTES = 16 << 20
+#: ... and its bounds when sized from a RAM budget (``cache_bytes_for``)
+METADATA_CACHE_MIN, METADATA_CACHE_MAX, METADATA_CACHE_SHARE = 2 << 20, 64 << 20, 16
 #: bytes read from a file's end to get its footer (more if the footer says so)
 METADATA_HINT = 64 * 1024
 PREPARE_THREADS = 8  # footers fetched at once by ``prepare``
@@ -60,6 +62,17 @@ def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def _literal(value: str) -> str:
+    """A SQL string literal (DataFusion's standard strings: only ``'`` is special)."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def cache_bytes_for(memory_limit_bytes: int) -> int:
+    """The footer / page-index cache for a RAM budget: 1/``METADATA_CACHE_SHARE`` of it, within bounds
+    (a footer and page index of a 32 MiB lake file take ~50-100 KB decoded)."""
+    return int(min(METADATA_CACHE_MAX, max(METADATA_CACHE_MIN, memory_limit_bytes // METADATA_CACHE_SHARE)))
+
+
 class PageReader:
     """Keyed, page-granular reads of one lake's files (thread-safe; one DataFusion session per lake)."""
 
@@ -68,8 +81,10 @@ class PageReader:
         """Whether the page path can read this lake: a plain local directory, or S3."""
         return store.native_local or (not store.local and store.protocol in ("s3", "s3a"))
 
-    def __init__(self, store: LakeFS, storage_options: dict | None = None) -> None:
+    def __init__(self, store: LakeFS, storage_options: dict | None = None, cache_bytes: int = METADATA_CACHE_BYTES) -> None:
         self.store = store
+        #: RAM DataFusion may keep for footers and page indexes (the owner counts it in its budget)
+        self.cache_bytes = int(cache_bytes)
         self.storage_options = dict(storage_options if storage_options is not None else store.storage_options)
         self._lock = threading.Lock()
         self._ctx: Any = None
@@ -88,6 +103,10 @@ class PageReader:
                    .set("datafusion.execution.parquet.reorder_filters", "true")
                    .set("datafusion.execution.parquet.schema_force_view_types", "false")
                    .set("datafusion.execution.parquet.enable_page_index", "true")
+                   # lake files carry no bloom filters: asking for them cost ~0.3 ms a file
+                   .set("datafusion.execution.parquet.bloom_filter_on_read", "false")
+                   # no planner statistics: one scan per file needs none, and they are a cache of their own
+                   .set("datafusion.execution.collect_statistics", "false")
                    # one read for the footer and page index of a 32 MiB file, not its last 512 KiB
                    .set("datafusion.execution.parquet.metadata_size_hint", str(METADATA_HINT))
                    # one partition, small batches: a keyed take needs no parallel scan, and each partition
@@ -95,7 +114,7 @@ class PageReader:
                    .with_target_partitions(1)
                    .with_batch_size(1024))
             ctx = SessionContext(cfg)
-            ctx.sql(f"SET datafusion.runtime.metadata_cache_limit = '{METADATA_CACHE}'").collect()
+            ctx.sql(f"SET datafusion.runtime.metadata_cache_limit = '{max(1, self.cache_bytes >> 10)}K'").collect()
             if not self.store.local:
                 from datafusion.object_store import AmazonS3
 
@@ -222,36 +241,81 @@ class PageReader:
             raise self._undecodable(entry, e) from e
         return self._checked(entry, got, keys, cols, hashed)
 
-    def take_many(self, items: list[tuple[dict, list[str]]], columns: list[str]) -> list[pa.Table | Exception]:
-        """``take`` of several files as one DataFusion plan (the files are read in parallel on its
-        threads); per item the table, or the error ``take`` would raise for that file."""
-        from datafusion import lit
-
-        out: list[pa.Table | Exception] = [Exception("not read")] * len(items)
-        groups: dict[tuple, list[tuple[int, Any, list[str]]]] = {}
+    def take_grouped(self, items: list[tuple[dict, list[str]]], columns: list[str]
+                     ) -> tuple[list[tuple[list[int], pa.Table, np.ndarray]], dict[int, Exception]]:
+        """``take`` of several files in one DataFusion query per set of columns (one SQL text: building
+        the plan per key in Python cost more than the read), checked in one pass: ``([(item numbers,
+        rows read, row of each asked key: each item's keys in order, items in order)], {item number:
+        the error ``take`` would raise for that file})``. The rows are left as DataFusion returned them
+        (a ``take`` of list columns over its many small chunks cost more than the checks): the caller
+        gathers them. Callers raise for any error; rows of failed items are not to be used."""
+        groups: dict[tuple, list[int]] = {}
+        tables: list[tuple[str, list[str], list[str]]] = []
         with native_call("planning a read of lake pages"):  # see ``take``
-            for i, (entry, keys) in enumerate(items):
-                df, cols, hashed = self._frame(entry, keys, columns)
-                groups.setdefault(tuple(cols), []).append((i, df.select(lit(i).alias(FILE_COLUMN), *df.schema().names), hashed))
-        for cols, members in groups.items():
+            for i, (entry, _keys) in enumerate(items):
+                name, hashed, names = self._table(entry)
+                assert hashed is not None, "take of a file without digests"
+                cols = [c for c in dict.fromkeys(["key", *columns]) if c in names]
+                tables.append((name, cols, hashed))
+                groups.setdefault((tuple(cols), tuple(hashed)), []).append(i)
+        out: list[tuple[list[int], pa.Table, np.ndarray]] = []
+        errors: dict[int, Exception] = {}
+        for (cols_t, hashed_t), members in groups.items():
+            cols, hashed = list(cols_t), list(hashed_t)
+            select = ", ".join(_quote(c) for c in [*cols, HASH_COLUMN])
+            sql = " UNION ALL ".join(
+                f"SELECT {i} AS {FILE_COLUMN}, {select} FROM {tables[i][0]} WHERE \"key\" IN "
+                f"({', '.join(_literal(k) for k in dict.fromkeys(items[i][1]))})" for i in members)
             try:
                 with native_call("reading lake pages"):
-                    plan = members[0][1]
-                    for _i, df, _h in members[1:]:
-                        plan = plan.union(df)
-                    got = plan.to_arrow_table()
+                    got = self._context().sql(sql).to_arrow_table()
             except Exception:  # noqa: BLE001 - which file? read each alone to name it
-                for i, _df, _h in members:
+                for i in members:
                     try:
-                        out[i] = self.take(items[i][0], items[i][1], columns)
+                        t = self.take(items[i][0], items[i][1], columns)
+                        out.append(([i], t, np.arange(len(t), dtype=np.int64)))
                     except Exception as e:  # noqa: BLE001 - handed to the caller per file
-                        out[i] = e
+                        errors[i] = e
                 continue
-            which = got.column(FILE_COLUMN).to_numpy()
-            for i, _df, hashed in members:
-                part = got.filter(pa.array(which == i)).drop_columns([FILE_COLUMN])
-                try:
-                    out[i] = self._checked(items[i][0], part, items[i][1], list(cols), hashed)
-                except Exception as e:  # noqa: BLE001 - handed to the caller per file
-                    out[i] = e
+            out.append(self._checked_many(items, members, got, cols, hashed, errors))
+        return out, errors
+
+    def _checked_many(self, items: list[tuple[dict, list[str]]], members: list[int], got: pa.Table,
+                      cols: list[str], hashed: list[str], errors: dict[int, Exception]
+                      ) -> tuple[list[int], pa.Table, np.ndarray]:
+        """One query's rows verified against their digests in one pass and put in the order asked
+        (``_checked`` of each file, vectorised); failures go to ``errors`` per file."""
+        fid = got.column(FILE_COLUMN).to_numpy()
+        bad = mismatches(got, cols, hashed)
+        for j in np.unique(fid[bad]).tolist():
+            rows = bad[fid[bad] == j]
+            url = self.store.url_of(items[j][0]["path"])
+            errors[j] = CorruptionError(f"lake file {url}: {len(rows)} row(s) fail their content digest (key "
+                                        f"{got.column('key')[int(rows[0])].as_py()!r}); nothing was returned from it. "
+                                        "Restore the file from a copy of the lake (`lakebuffer fsck` lists every "
+                                        "damaged file)")
+        asked = [k for i in members for k in items[i][1]]
+        asked_fid = np.repeat(np.array(members, np.int64), [len(items[i][1]) for i in members])
+        at = pc.index_in(pa.array(asked, pa.string()), value_set=got.column("key").cast(pa.string()))
+        pos = at.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        ok = at.is_valid().to_numpy(zero_copy_only=False)
+        if len(got):
+            ok &= fid[pos] == asked_fid  # a key is asked of one file: a row of another is not it
+        if not ok.all():
+            for j in np.unique(asked_fid[~ok]).tolist():
+                if j not in errors:
+                    errors[j] = MissingRows([asked[n] for n in np.flatnonzero(~ok & (asked_fid == j)).tolist()])
+        return members, got.select(cols), pos
+
+    def take_many(self, items: list[tuple[dict, list[str]]], columns: list[str]) -> list[pa.Table | Exception]:
+        """``take`` of several files (see ``take_grouped``); per item the table, or the error ``take``
+        would raise for that file."""
+        groups, errors = self.take_grouped(items, columns)
+        out: list[pa.Table | Exception] = [Exception("not read")] * len(items)
+        for members, table, pos in groups:
+            at = 0
+            for i in members:
+                n = len(items[i][1])
+                out[i] = errors.get(i) or table.take(pa.array(pos[at:at + n]))
+                at += n
         return out

@@ -40,7 +40,7 @@ import pyarrow.dataset as pds
 import pyarrow.parquet as pq
 
 from ..errors import CorruptionError, LakeBufferError, LakeError
-from ..lake.pages import MissingRows, PageReader, storage_failed
+from ..lake.pages import METADATA_CACHE_BYTES, MissingRows, PageReader, storage_failed
 from .base import Location, ScannedDataset, Staged, gather
 
 #: Parquet footers kept (one per lake file read; a footer is a few KB per row group)
@@ -80,7 +80,8 @@ class ColdTier:
 
     name = "cold"
 
-    def __init__(self, lake: Callable[[], Any], run_id: str, schema: pa.Schema) -> None:
+    def __init__(self, lake: Callable[[], Any], run_id: str, schema: pa.Schema,
+                 cache_bytes: int = METADATA_CACHE_BYTES) -> None:
         self._lake = lake  # the buffer's Lake (reopened when it was damaged at open); LakeError if none
         self.run_id = run_id
         self.schema = schema
@@ -93,6 +94,7 @@ class ColdTier:
         self._sql_entries: list[dict] | None = None  # None: exactly the referenced files
         self._footers: dict[str, pq.FileMetaData] = {}  # lake path -> Parquet footer (bounded, oldest dropped)
         self._page_reader: PageReader | None = None  # keyed page reads of files with row digests
+        self.cache_bytes = int(cache_bytes)  # the page reader's footer / page-index cache (RAM budget)
         self._manifest: dict | None = None  # the run's latest manifest, until the lake changes (``invalidate``)
         self._version = 0
 
@@ -194,6 +196,12 @@ class ColdTier:
             return {"rows": sum(self._batches.values()), "bytes": sum(self._bytes.values()),
                     "batches": len(self._batches), "files": len(self._referenced)}
 
+    def memory_bytes(self) -> int:
+        """RAM the page reader may hold for footers and page indexes (its cache's limit, which it fills
+        as files are read), once a cold read started it; the buffer counts it in ``memory_limit_mb``."""
+        with self._lock:
+            return self.cache_bytes if self._page_reader is not None else 0
+
     # reading -------------------------------------------------------------------------------
     def _read(self, where: Location, columns: list[str], keys: list[str] | None) -> pa.Table:
         schema = pa.schema([self.schema.field(c) for c in columns])
@@ -236,13 +244,16 @@ class ColdTier:
                 # pages otherwise, and a get touching many row groups grew RssAnon 167 MB instead of 65
                 pa.default_memory_pool().release_unused()
         if paged:
-            # only the pages holding these keys, every row checked by its digests; one plan for all files
+            # only the pages holding these keys, every row checked by its digests; one query for all files
             assert pages is not None and keys is not None
-            got = pages.take_many([(e, [keys[j] for j in sel.tolist()]) for e, sel in paged], want)
-            for (entry, sel), res in zip(paged, got):
+            groups, errors = pages.take_grouped([(e, [keys[j] for j in sel.tolist()]) for e, sel in paged], want)
+            for i in sorted(errors):
+                self._paged(lake, pages, paged[i][0], errors[i], want)  # raises what the error means
+            for members, got, pos in groups:
+                sel = np.concatenate([paged[i][1] for i in members])
                 which[sel] = len(tables)
-                local[sel] = np.arange(len(sel), dtype=np.int64)
-                tables.append(self._paged(lake, pages, entry, res, want))
+                local[sel] = pos
+                tables.append(self._conform(got, want))
         out = gather(tables, which, local, want)
         if keys is not None and not pc.all(pc.equal(out.column("key"), pa.array(keys, pa.string()))).as_py():
             raise StaleLocation("a row is not the one its location named")
@@ -252,7 +263,7 @@ class ColdTier:
         """The page reader of the lake now served (one per lake store; a reopened lake gets a new one)."""
         with self._lock:
             if self._page_reader is None or self._page_reader.store is not lake.store:
-                self._page_reader = PageReader(lake.store)
+                self._page_reader = PageReader(lake.store, cache_bytes=self.cache_bytes)
             return self._page_reader
 
     def _has_digests(self, lake: Any, pages: PageReader, entry: dict) -> bool:
@@ -299,13 +310,15 @@ class ColdTier:
         self._unreadable(lake, entry, res)
         raise AssertionError("unreachable")
 
-    def _open(self, lake: Any, entry: dict) -> pq.ParquetFile:
-        """The file, checked whole once per process (``verify_entry``), opened for ranged reads."""
+    def _open(self, lake: Any, entry: dict, whole: bool = True) -> pq.ParquetFile:
+        """The file, checked whole once per process (``verify_entry``; not with ``whole=False``: then
+        only the page checksums of what is read are), opened for ranged reads."""
         from ..lake.verified import verify_entry
 
         store = lake.store
         try:
-            verify_entry(store, entry)
+            if whole:
+                verify_entry(store, entry)
             md = self._footers.get(entry["path"])  # a file never changes under its name: its footer is read once
             pf = pq.ParquetFile(store.pafs.open_input_file(store.abs(entry["path"])), metadata=md,
                                 page_checksum_verification=True)
@@ -362,7 +375,9 @@ class ColdTier:
     # finding rows ----------------------------------------------------------------------------
     def locate(self, keys: Sequence[str]) -> tuple[list[dict], np.ndarray, np.ndarray, np.ndarray]:
         """Where the run's live lake files hold ``keys``: (file entries, file index, row, found), one
-        key column read per file whose key range may hold one of them."""
+        key column read per file whose key range may hold one of them: its pages' checksums checked,
+        never the whole file (a damaged key page that still decodes names a wrong row, which the
+        digests of the read that follows catch: ``CorruptionError`` naming the file)."""
         from ..lake.reader import key_range_hit
 
         lake = self._lake()
@@ -378,8 +393,13 @@ class ColdTier:
         for entry in m["files"]:
             if not key_range_hit(entry, sorted_keys):
                 continue
-            pf = self._open(lake, entry)
-            at = pc.index_in(wanted, value_set=pf.read(columns=["key"], use_threads=False).column("key"))
+            pf = self._open(lake, entry, whole=False)
+            try:
+                held = pf.read(columns=["key"], use_threads=False).column("key")
+            except (pa.ArrowInvalid, OSError) as e:
+                raise CorruptionError(f"lake file {lake.store.url_of(entry['path'])}: its key column cannot be "
+                                      f"decoded ({e}); restore it from a copy of the lake") from e
+            at = pc.index_in(wanted, value_set=held)
             pos = at.to_numpy(zero_copy_only=False)
             hit = ~np.isnan(pos.astype(np.float64)) & (file_idx < 0)
             if hit.any():
