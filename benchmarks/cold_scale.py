@@ -70,6 +70,35 @@ def loadavg() -> list[float]:
     return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
 
 
+def local_files(url: str) -> list[Path]:
+    return [p for p in Path(url).rglob("*") if p.is_file()]
+
+
+def resident_share(url: str) -> float | None:
+    """The share of a local directory's bytes in the page cache (``fincore``), None when unknown."""
+    files = local_files(url)
+    total = sum(p.stat().st_size for p in files)
+    if not total or not shutil.which("fincore"):
+        return None
+    res = 0
+    for i in range(0, len(files), 200):
+        p = subprocess.run(["fincore", "-b", "-n", "-o", "RES", *map(str, files[i:i + 200])],
+                           capture_output=True, text=True)
+        res += sum(int(x) for x in p.stdout.split() if x.isdigit())
+    return round(res / total, 3)
+
+
+def evict_cache(url: str) -> None:
+    """Drop a local directory's clean pages from the page cache (``posix_fadvise DONTNEED``; no root)."""
+    for p in local_files(url):
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
@@ -82,18 +111,27 @@ def summary(xs: list[float]) -> dict[str, float]:
 
 class CountingProxy:
     """A loopback TCP proxy in front of moto that counts the bytes each way (S3 reads go through
-    Rust and Python sockets alike, which ``/proc/self/io`` does not count)."""
+    Rust and Python sockets alike, which ``/proc/self/io`` does not count). It runs in the parent,
+    which idles while the measured child works: in the child, a Rust call that holds the GIL while it
+    waits on the network (deltalake's ``history``) would starve a proxy thread, a deadlock. The child
+    reads the counters from ``control_port`` (one line, "down up")."""
 
     def __init__(self, port: int) -> None:
         self.target = ("127.0.0.1", port)
         self.up = self.down = 0
         self._lock = threading.Lock()
-        self._srv = socket.socket()
-        self._srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._srv.bind(("127.0.0.1", 0))
-        self._srv.listen(64)
-        self.port = self._srv.getsockname()[1]
+        self._srv, self.port = self._listen()
+        self._ctl, self.control_port = self._listen()
         threading.Thread(target=self._accept, daemon=True).start()
+        threading.Thread(target=self._control, daemon=True).start()
+
+    @staticmethod
+    def _listen() -> tuple[socket.socket, int]:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", 0))
+        s.listen(64)
+        return s, s.getsockname()[1]
 
     def _accept(self) -> None:
         while True:
@@ -104,6 +142,15 @@ class CountingProxy:
             server = socket.create_connection(self.target)
             threading.Thread(target=self._pipe, args=(client, server, "up"), daemon=True).start()
             threading.Thread(target=self._pipe, args=(server, client, "down"), daemon=True).start()
+
+    def _control(self) -> None:
+        while True:
+            try:
+                c, _ = self._ctl.accept()
+            except OSError:
+                return
+            with c, self._lock:
+                c.sendall(f"{self.down} {self.up}\n".encode())
 
     def _pipe(self, src: socket.socket, dst: socket.socket, way: str) -> None:
         try:
@@ -120,9 +167,16 @@ class CountingProxy:
                 except OSError:
                     pass
 
-    def counts(self) -> tuple[int, int]:
-        with self._lock:
-            return self.down, self.up
+    def close(self) -> None:
+        for s in (self._srv, self._ctl):
+            s.close()
+
+
+def proxy_counts(control_port: int) -> tuple[int, int]:
+    """(bytes down, bytes up) so far through the proxy whose control port is given."""
+    with socket.create_connection(("127.0.0.1", control_port)) as c:
+        down, up = c.makefile().readline().split()
+    return int(down), int(up)
 
 
 # ---- where each size lives ----------------------------------------------------------------------
@@ -165,7 +219,7 @@ class Target:
 
             fs = s3fs.S3FileSystem(skip_instance_cache=True, **self.storage_options())
             return int(fs.du(url.removeprefix("s3://")))
-        return sum(p.stat().st_size for p in Path(url).rglob("*") if p.is_file())
+        return sum(p.stat().st_size for p in local_files(url))
 
     @property
     def info_path(self) -> Path:
@@ -261,14 +315,13 @@ def child(op: str, spec: dict) -> dict:
 
     warm_up(Path(spec["scratch"]))
     kw = dict(spec["open"])
-    proxy = None
-    if spec.get("moto_port"):
-        proxy = CountingProxy(spec["moto_port"])
-        kw["storage_options"] = dict(kw["storage_options"], endpoint_url=f"http://127.0.0.1:{proxy.port}")
+    proxy = spec.get("proxy")
+    if proxy:
+        kw["storage_options"] = dict(kw["storage_options"], endpoint_url=f"http://127.0.0.1:{proxy[0]}")
 
     def counts() -> dict:
         r, w = io()
-        down, up = proxy.counts() if proxy else (0, 0)
+        down, up = proxy_counts(proxy[1]) if proxy else (0, 0)
         return {"read": r, "write": w, "s3_down": down, "s3_up": up}
 
     c0, t0 = counts(), time.perf_counter()
@@ -299,20 +352,23 @@ def child(op: str, spec: dict) -> dict:
 def run_child(op: str, t: Target, scratch: Path, where: str, keys: int, moto_port: int | None) -> dict:
     fresh = t.dir / "fresh-node"
     shutil.rmtree(fresh, ignore_errors=True)
+    proxy = CountingProxy(moto_port) if moto_port else None
     spec = {"open": t.open_kwargs(), "buf": str(t.buf), "fresh": str(fresh), "where": where, "keys": keys,
-            "scratch": str(scratch), "moto_port": moto_port}
+            "scratch": str(scratch), "proxy": [proxy.port, proxy.control_port] if proxy else None}
     if op == "resume":
         spec["open"] = dict(spec["open"], restore="lazy")
     try:
         p = subprocess.run([sys.executable, __file__, "--child", op, json.dumps(spec)], capture_output=True,
-                           text=True, timeout=3600, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+                           text=True, timeout=900, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
         if p.returncode:
             return {"error": f"exit {p.returncode}: {p.stderr[-3000:]}"}
         return json.loads(p.stdout.strip().splitlines()[-1])
     except subprocess.TimeoutExpired:
-        return {"error": "timed out after 3600 s"}
+        return {"error": "timed out after 900 s"}
     finally:
         shutil.rmtree(fresh, ignore_errors=True)
+        if proxy:
+            proxy.close()
 
 
 def where_for(rows: int) -> str:
@@ -326,12 +382,18 @@ def where_for(rows: int) -> str:
 class Side:
     """One size, opened for the in-process loop."""
 
-    def __init__(self, t: Target, n_keys: int, seed: int) -> None:
+    def __init__(self, t: Target, n_keys: int, seed: int, evict: bool) -> None:
         import lance
 
         import lakebuffer as lb
 
         self.t = t
+        self.cache: dict[str, Any] = {}
+        if not t.s3:
+            if evict:
+                for url in (t.lake, t.lance, str(t.buf)):
+                    evict_cache(url)
+            self.cache = {"lake": resident_share(t.lake), "lance": resident_share(t.lance)}
         t0 = time.perf_counter()
         self.buf = lb.ReplayBuffer.open(t.buf, **t.open_kwargs())
         self.open_s = time.perf_counter() - t0
@@ -354,7 +416,9 @@ class Side:
         self.times: dict[str, list[float]] = {k: [] for k in ("get", "lance", "sample", "lance_sample")}
         self.first: dict[str, float] = {}
         self.same_rows: bool | None = None
-        self.served0 = dict(self.buf.stats()["reads"]["rows_from"])
+        st = self.buf.stats()
+        self.served0 = dict(st["reads"]["rows_from"])
+        self.wal_bytes = st["wal"]["bytes"]
 
     def fresh_keys(self) -> list[str]:
         if self.next + self.n_keys > len(self.cold):
@@ -410,7 +474,7 @@ class Side:
                "cold_share": round(len(self.cold) / self.rows, 3), "lake_bytes": info["lake_bytes"],
                "lance_bytes": info["lance_bytes"], "lake_files": info.get("lake_files"),
                "build": {k: info.get(k) for k in ("push_s", "lance_write_s", "tiers")},
-               "open_s": round(self.open_s, 2), "where": self.where, "where_share": round(self.where_share, 3),
+               "open_s": round(self.open_s, 2), "wal_bytes": self.wal_bytes, "page_cache_at_start": self.cache, "where": self.where, "where_share": round(self.where_share, 3),
                "same_rows_round0": self.same_rows, "rows_served_from": served,
                "sampled_cold_share": round(self.sampled_cold / max(1, self.sampled), 3),
                "first_ms": {k: round(v * 1e3, 1) for k, v in self.first.items()}}
@@ -424,7 +488,7 @@ class Side:
 
 
 def measure(targets: list[Target], infos: list[dict], calls: int, n_keys: int, seed: int, scratch: Path,
-            moto_port: int | None, children: bool) -> list[dict]:
+            moto_port: int | None, children: bool, evict: bool = False) -> list[dict]:
     # children first: the buffers must be closed while another process opens them
     kids: list[dict] = []
     for t, info in zip(targets, infos):
@@ -435,7 +499,7 @@ def measure(targets: list[Target], infos: list[dict], calls: int, n_keys: int, s
                 print(f"  {t.mb} MB: {op} child", flush=True)
                 k[op] = run_child(op, t, scratch, where, n_keys, moto_port)
         kids.append(k)
-    sides = [Side(t, n_keys, seed + i) for i, t in enumerate(targets)]
+    sides = [Side(t, n_keys, seed + i, evict) for i, t in enumerate(targets)]
     try:
         for r in range(calls + 1):
             order = sides if r % 2 == 0 else sides[::-1]
@@ -504,7 +568,9 @@ def markdown(doc: dict) -> str:
     row("sample / Lance p50", lambda r: r["sample_over_lance_p50"], "<= 3")
     row("sample p99 / p50", lambda r: r["sample_p99_over_p50"], "<= 3")
     row("where keeps (sampled rows cold)", lambda r: f"{r['where_share']:.0%} ({r['sampled_cold_share']:.0%})")
-    row("open in process s", lambda r: r["open_s"])
+    row("page cache at start: lake / Lance", lambda r: f"{r['page_cache_at_start']['lake']:.0%} / "
+        f"{r['page_cache_at_start']['lance']:.0%}")
+    row("open in process s (WAL MB replayed)", lambda r: f"{r['open_s']} ({r['wal_bytes'] / MiB:.0f})")
     row("reopen: read / written of lake", lambda r: f"{r['reopen']['open']['read_share']:.1%} / "
         f"{r['reopen']['open']['write_share']:.1%} ({r['reopen']['open_s']} s)", "read <= 5%")
     row("resume: read+written before 1st call", lambda r: f"{r['resume']['until_first']['read_share']:.1%} + "
@@ -530,6 +596,8 @@ def main() -> None:
     ap.add_argument("--reuse", action="store_true", help="measure only: every size must be built already")
     ap.add_argument("--build-only", action="store_true")
     ap.add_argument("--no-children", action="store_true", help="skip the reopen and resume children")
+    ap.add_argument("--evict-cache", action="store_true",
+                    help="local: drop the lake's, Lance's and buffer's pages from the page cache before measuring")
     ap.add_argument("--out", type=Path, default=None, help="JSON; a .md with the table goes next to it")
     ap.add_argument("--child", nargs=2, metavar=("OP", "SPEC"), help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -570,7 +638,7 @@ def main() -> None:
         if a.build_only:
             return
         doc["results"] = measure(targets, infos, a.calls, a.keys, a.seed, scratch,
-                                 moto.port if moto else None, not a.no_children)
+                                 moto.port if moto else None, not a.no_children, a.evict_cache)
         doc["scale"] = scale_ratios(doc["results"])
         doc["load_end"] = loadavg()
         md = markdown(doc)
