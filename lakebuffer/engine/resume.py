@@ -131,15 +131,16 @@ def copy_and_read_meta(lake: Any, mirror: Any, manifest: dict, columns: list[str
 
 
 def index_cold(s: BufferState, groups: Iterable[tuple[dict, np.ndarray, int, pa.Table]], sid: int,
-               total: int, progress: Any = None) -> list[int]:
+               total: int, progress: Any = None, first: bool = False) -> list[int]:
     """Index the rows of ``groups`` (``read_meta``'s, of snapshot ``sid``) as cold batches, one per row
-    group; rows the index already holds are skipped. The new batch ids, in lake order."""
+    group; rows the index already holds are skipped (not looked up on a ``first`` attempt: a fresh
+    directory's index holds none). The new batch ids, in lake order."""
     done = 0
     added: list[int] = []
     for ref, rows, group_bytes, t in groups:
         n = t.num_rows
         keys = t.column("key").to_pylist()
-        _, _, found = s.index.lookup(keys)
+        found = np.zeros(n, bool) if first else s.index.lookup(keys)[2]
         done += n
         if found.any():  # indexed by an earlier, interrupted attempt
             keep = ~found

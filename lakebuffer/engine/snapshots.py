@@ -462,7 +462,7 @@ class Snapshots:
             items = resume.read_meta(lake, manifest, s.meta_columns)
         groups = bounded_iter(items, deadline, overdue, name="lakebuffer-resume")
         try:  # nothing is served until it completes; only what the lake raised is the lake's
-            self.resumed = resume.index_cold(s, resume.lake_side(groups), sid, total, progress)
+            self.resumed = resume.index_cold(s, resume.lake_side(groups), sid, total, progress, first=marker is None)
         except resume.LakeSide as e:
             raise self._interrupted(None, total, e.error) from e.error
         except CorruptionError as e:
