@@ -53,6 +53,7 @@ from .schema import merge_schema, metadata_columns
 from .tiers import HotTier, WarmTier, WriteAheadLog, warm_path
 from .tiers.cold import ColdTier
 from .tiers.eviction import EvictionPolicy
+from .tiers.mirror import LocalMirror
 
 log = logging.getLogger("lakebuffer")
 
@@ -201,8 +202,10 @@ class ReplayBuffer:
                                     timeout_s=o.lake_timeout_s, lake_settings=lake_opts, restore=o.restore)
         s.cold = ColdTier(self._snapshots.current_lake, self.run_id, self.schema,
                           cache_bytes=cache_bytes_for(self.memory_limit_bytes))
+        s.cold.mirror = self._snapshots.mirror = LocalMirror(self.path / "mirror")  # restore="eager"'s copies
         self._disk = DiskBudget(s, s.cold, o.disk_limit_bytes, o.disk_free_floor_bytes,
                                 snapshot=self._snapshots.snapshot_now)
+        self._snapshots.disk_short = self._disk.short
         self._snapshots.after_install = self._disk.relieve  # a restore stays within the disk budget
         self._disk.snapshot_ahead = self._snapshots.submit  # past the high watermark: snapshot ahead
         self._promotion = ColdPromotion(s, self._disk, o.promote_cold_reads)
@@ -239,20 +242,22 @@ class ReplayBuffer:
                          "while opening it; check the endpoint and network (or raise lake_timeout_s), then open again")
 
     def _warm_resumed(self, o: BufferOptions) -> None:
-        """``restore="lazy"``: warm the resumed run's cold batches in the background, newest first, within
-        the disk budget; a ``warming`` mark carries an unfinished warm over to the next open."""
-        if o.restore != "lazy":
+        """``restore="lazy"`` (and ``"eager"``, from its local copies): warm the resumed run's cold batches
+        into warm fragments in the background, newest first, within the disk budget; a ``warming`` mark
+        carries an unfinished warm over to the next open."""
+        if o.restore not in ("lazy", "eager"):
             return
-        batches = list(self._snapshots.resumed)
-        if batches:
+        resumed = bool(self._snapshots.resumed)
+        if resumed:
             self.index.put_setting("warming", b"1")
-        elif self.index.get_setting("warming") is not None:  # a reopen: what is still cold
+        if resumed or self.index.get_setting("warming") is not None:
+            # what is still cold: also the batches an interrupted earlier attempt of this resume indexed
             with self._state.lock:
                 batches = sorted(b for b, i in self._batches.items() if i.tier == "cold")
             if not batches:
                 self.index.delete_setting("warming")
-        if batches:
-            self._promotion.warm(reversed(batches))
+            if batches:
+                self._promotion.warm(reversed(batches))
 
     def _shutdown_parts(self) -> None:
         """Release what a failed open had started (best effort; the first error is what matters)."""
@@ -469,7 +474,9 @@ class ReplayBuffer:
             "cold": self._snapshots.stats() | {"restored_from": self.restored_from, "only": cold_only},
             "tiers": {"hot": {"rows": hot["rows"], "bytes": hot["bytes"]},
                       "warm": {"rows": warm["rows"], "bytes": warm["bytes"]},
-                      "cold": {"rows": cold_only["rows"], "bytes": cold_only["bytes"]}},
+                      # local_rows: cold rows read from local copies of their lake files (restore="eager")
+                      "cold": {k: cold_only[k] for k in ("rows", "bytes", "local_rows", "mirror_files", "mirror_bytes")
+                               if k in cold_only}},
             "reads": {"rows_from": served,  # rows get() (and so sample) read from each tier
                       "promoted_batches": self._promotion.promoted},  # cold batches reads brought back
             "disk": self._disk.stats(),

@@ -25,8 +25,9 @@ class _Stop(Exception):
     """Raised from the progress callback: the restore stops part way (a crash, as far as the index knows)."""
 
 
-def _half_restored(tmp_path: Path) -> tuple[str, list[str], Path]:
-    """A lake with 8 commits of run ``RUN`` and a directory whose restore stopped after 2048 of 4096 rows
+def _half_restored(tmp_path: Path, part: int = 2) -> tuple[str, list[str], Path]:
+    """A lake with 8 commits of run ``RUN`` and a directory whose restore stopped after 4096 / ``part`` rows
+    (``part=4`` where files must stay uncopied: an eager restore copies up to ~4 files ahead of its indexing)
     (``restore="eager"``: these cases are about the copy of every row; a lazy resume reads only the
     metadata columns, tests/test_open_metadata.py)."""
     lake = f"file://{tmp_path / 'lake'}"
@@ -37,7 +38,7 @@ def _half_restored(tmp_path: Path) -> tuple[str, list[str], Path]:
             src.snapshot(wait=True)
 
     def stop_half_way(done: int, total: int) -> None:
-        if done >= total // 2:
+        if done >= total // part:
             raise _Stop
 
     dst = tmp_path / "dst"
@@ -82,8 +83,11 @@ def test_index_damage_met_while_resuming_a_restore_is_reported_as_the_index(tmp_
 
 
 def test_lake_damage_met_while_resuming_a_restore_is_reported_as_the_lake(tmp_path):
-    lake, keys, dst = _half_restored(tmp_path)
-    last = max((tmp_path / "lake").rglob("*.parquet"), key=lambda p: p.stat().st_mtime_ns)  # not restored yet
+    lake, keys, dst = _half_restored(tmp_path, part=4)
+    # the newest file not copied yet (an eager restore copies each file, verified, then indexes it from the copy)
+    copied = {p.name for p in (dst / "mirror").rglob("*.parquet")}
+    last = max((p for p in (tmp_path / "lake").rglob("*.parquet") if p.name not in copied),
+               key=lambda p: p.stat().st_mtime_ns)
     good = last.read_bytes()
     data = bytearray(good)
     data[len(data) // 2] ^= 0x01

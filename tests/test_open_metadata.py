@@ -1,7 +1,8 @@
 """Issue 23 item 3: open is O(metadata). A reopen reads no lake data file; a fresh-node resume
 (``open(empty_dir, lake=, run_id=)``) indexes the run's rows as cold from the lake's metadata columns,
 serves ``sample``/``get`` at once and warms the local tiers in the background (``restore="lazy"``); an
-eager restore stays available (``restore="eager"``).
+eager restore stays available (``restore="eager"``: verified local copies of the lake files,
+``tiers/mirror``).
 
 Bytes are counted in a child process from ``/proc/self/io`` (``rchar``/``wchar``: every read/write
 syscall, page-cache hits included) around the operation (``tests/io_child.py``)."""
@@ -91,14 +92,62 @@ def test_lazy_resume_warms_in_the_background_within_the_disk_budget(tmp_path):
     assert not set(new) & set(keys)
 
 
-def test_eager_restore_stays_available(tmp_path):
-    lake, src, _ = _lake(tmp_path)
+def test_eager_restore_makes_every_row_local_before_open_returns(tmp_path):
+    """``restore="eager"``: verified local copies of the run's lake files (``tiers/mirror``); when open
+    returns every row reads without the lake (get, sample, sql), each once."""
+    lake, src, nbytes = _lake(tmp_path)
+    with lb.ReplayBuffer.open_lake(lake) as view:
+        keys = sorted(view.sql("SELECT key FROM rollouts").column(0).to_pylist())
+    want = _expected(src, lake, keys)
+    moved = tmp_path / "lake-away"
     with lb.ReplayBuffer.open(tmp_path / "fresh", lake=lake, run_id="om", snapshot_interval_s=0,
-                              memory_limit_mb=8, restore="eager") as b:
-        st = b.stats()["tiers"]
-        assert st["warm"]["rows"] == ROWS * VERSIONS and st["cold"]["rows"] == 0  # every row copied at open
+                              memory_limit_mb=8, restore="eager", promote_cold_reads=False) as b:
+        b._promotion.stop()  # the background conversion to warm fragments is not what this checks
+        cold = b.stats()["tiers"]["cold"]
+        assert cold["local_rows"] == ROWS * VERSIONS and cold["mirror_bytes"] == nbytes  # every row local
+        Path(lake).rename(moved)  # the lake is gone: reads must not need it
+        try:
+            got = b.get(keys, columns=["key", "response_ids"])
+            assert got.column("key").to_pylist() == keys
+            assert [int(np.sum(v)) for v in got.column("response_ids").to_pylist()] == want
+            assert b.sample(64, seed=3, where="policy_version = 5").column("policy_version").to_pylist() == [5] * 64
+            sql = sorted(b.sql("SELECT key FROM rollouts").column(0).to_pylist())
+            assert sql == keys  # each row once
+        finally:
+            moved.rename(lake)
     with pytest.raises(lb.OptionError, match="restore"):
         lb.ReplayBuffer.open(tmp_path / "x", lake=lake, run_id="om", restore="sometimes")
+
+
+def test_eager_restore_refuses_a_damaged_file_and_a_disk_budget_it_does_not_fit(tmp_path):
+    lake, src, nbytes = _lake(tmp_path)
+    fresh = tmp_path / "fresh"
+    with pytest.raises(lb.OptionError, match="restore='lazy'"):  # refused before anything is copied
+        lb.ReplayBuffer.open(fresh, lake=lake, run_id="om", snapshot_interval_s=0, memory_limit_mb=8,
+                             restore="eager", disk_limit_gb=nbytes / 2 / 2**30)
+    assert not list((fresh / "mirror").rglob("*.parquet"))
+    victim = sorted(Path(lake).rglob("*.parquet"))[5]
+    good = victim.read_bytes()
+    data = bytearray(good)
+    data[len(data) // 2] ^= 0x01
+    victim.write_bytes(bytes(data))
+    with pytest.raises(lb.CorruptionError, match=victim.name):
+        lb.ReplayBuffer.open(fresh, lake=lake, run_id="om", snapshot_interval_s=0, memory_limit_mb=8, restore="eager")
+    assert not list((fresh / "mirror").rglob(f"{victim.name}*"))  # no copy of it kept, not even a part
+    victim.write_bytes(good)  # restored from a copy: the restore resumes, copying what is missing
+    with lb.ReplayBuffer.open(fresh, lake=lake, run_id="om", snapshot_interval_s=0, memory_limit_mb=8,
+                              restore="eager") as b:
+        keys = sorted(b.sql("SELECT key FROM rollouts").column(0).to_pylist())
+        assert len(keys) == len(set(keys)) == ROWS * VERSIONS
+        # warmed into fragments in the background; a copy leaves once no cold batch reads it
+        end = time.monotonic() + 60
+        while b.stats()["tiers"]["cold"]["rows"] and time.monotonic() < end:
+            time.sleep(0.05)
+        st = b.stats()["tiers"]
+        assert st["cold"]["rows"] == 0 and st["warm"]["rows"] == ROWS * VERSIONS and st["cold"]["mirror_files"] == 0
+        pick = keys[::97]
+        got = b.get(pick, columns=["response_ids"])
+        assert [int(np.sum(v)) for v in got.column("response_ids").to_pylist()] == _expected(src, lake, pick)
 
 
 def test_a_kill_during_the_background_warm_loses_nothing(tmp_path):

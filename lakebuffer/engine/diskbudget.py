@@ -1,10 +1,12 @@
 """The local disk budget: ``disk_limit_gb`` over the buffer directory, and a free-space floor.
 
-What counts: the WAL, the warm fragments and the key index (the directory's own data; a local lake
+What counts: the WAL, the warm fragments, the local mirror of lake files (``tiers/mirror``, what
+``restore="eager"`` copies) and the key index (the directory's own data; a local lake
 inside the directory is the lake's budget, and DuckDB's spill folder is the query's). The floor keeps
 ``disk_free_floor_gb`` free on the filesystem (default: 1 GB or 5 % of it, whichever is less).
 
-When a push would pass either, warm fragments whose rows are ALL committed to the lake leave local
+When a push would pass either, mirror copies leave first (their rows are in the lake by construction,
+so nothing is recorded: reads of those rows go to the lake again), then warm fragments whose rows are ALL committed to the lake leave local
 disk, oldest first (fragment ids grow with time): the index first records where each of their rows
 is in the lake (``ColdTier.locate``, then ``KeyIndex.set_cold`` in one write), then the file is
 removed. A crash in between leaves a fragment whose every key the index places elsewhere, which
@@ -113,7 +115,9 @@ class DiskBudget:
     def usage(self) -> int:
         """Local bytes of WAL, warm fragments and index."""
         s = self.s
-        return s.wal.nbytes() + s.warm.stats()["bytes"] + dir_bytes(s.path / "index")
+        mirror = self.cold.mirror
+        return (s.wal.nbytes() + s.warm.stats()["bytes"] + dir_bytes(s.path / "index")
+                + (mirror.nbytes() if mirror is not None else 0))
 
     def short(self, extra: int = 0) -> int:
         """How many bytes must leave for ``extra`` more to fit (0 when they fit)."""
@@ -147,6 +151,7 @@ class DiskBudget:
     def _relieve_ahead(self) -> None:
         try:
             low = int(LOW_WATER * self.limit)
+            self._drop_mirror(lambda: self.usage() > low)
             for frag, infos in self.droppable():
                 if self.usage() <= low:
                     break
@@ -230,14 +235,38 @@ class DiskBudget:
 
     def relieve(self, extra: int = 0) -> int:
         """Move committed fragments to the cold tier until ``extra`` more bytes fit; bytes freed."""
-        freed = 0
         if not self.short(extra):
             return 0
+        freed = self._drop_mirror(lambda: self.short(extra) > 0)
         for frag, infos in self.droppable():
             need = self.short(extra)
             if not need:
                 break
             freed += self.demote(frag, infos)
+        return freed
+
+    def _drop_mirror(self, more: Callable[[], bool]) -> int:
+        """Remove mirror copies, oldest first, while ``more()`` says room is still needed; bytes freed."""
+        mirror = self.cold.mirror
+        freed = 0
+        for rel in mirror.paths() if mirror is not None else []:
+            if not more():
+                break
+            freed += self.drop_mirror([rel])
+        return freed
+
+    def drop_mirror(self, paths: list[str]) -> int:
+        """Remove these mirror copies (their rows are read from the lake from now on); bytes freed.
+        Exclusive on the read gate, as ``demote``: a running query that registered a copy finishes first."""
+        mirror = self.cold.mirror
+        if mirror is None or not paths:
+            return 0
+        gate = contextlib.nullcontext() if self.s.gate.held() else self.s.gate.exclusive()
+        with gate:
+            freed = sum(mirror.remove(p) for p in paths)
+        if freed:
+            with self.s.lock:
+                self.cold.touch()  # the SQL view's sources change (the files move to the lake's side)
         return freed
 
     def demote(self, frag: int, infos: list[BatchInfo]) -> int:

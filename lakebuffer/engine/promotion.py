@@ -123,4 +123,6 @@ class ColdPromotion:
             finally:
                 if not committed:
                     s.warm.drop_fragments([staged.part])
+        # a local mirror copy (restore="eager") no cold batch reads any more leaves (outside the lock: the gate first)
+        self.disk.drop_mirror(s.cold.unreferenced_mirror(seen[1]))
         return True

@@ -81,13 +81,13 @@ def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
 _CARRIED = (RESTORING, "restored_from", "writer_id")
 
 
-def _readable_settings(index_dir: Path) -> dict[str, bytes]:
-    """The ``_CARRIED`` settings the damaged index still gives on a read-only look (often none)."""
+def _readable_settings(index_dir: Path, names: tuple[str, ...] = _CARRIED) -> dict[str, bytes]:
+    """The ``names`` settings the damaged index still gives on a read-only look (often none)."""
     try:
         settings = probe(index_dir) or {}
     except LakeBufferError:
         return {}
-    return {k: settings[k] for k in _CARRIED if k in settings}
+    return {k: settings[k] for k in names if k in settings}
 
 
 def _index_cold(index: KeyIndex, lake_url: str, storage_options: dict | None, run_id: str, schema: pa.Schema,
@@ -119,6 +119,9 @@ def rebuild_index(path: Path, lake_url: str | None, storage_options: dict | None
     problems: list[str] = []
     index_dir = path / "index"
     carried = _readable_settings(index_dir)
+    # a resumed directory may hold no fragment or WAL (its rows cold, or in the local mirror of restore="eager"):
+    # then the schema and run come from the damaged index's settings, if they still read
+    own = _readable_settings(index_dir, ("schema", "run_id")) if RESTORING in carried else {}
     if index_dir.exists():
         aside = quarantine.move(index_dir, path, "index", "RocksDB could not read it (or it lost entries); "
                                 "fsck --repair rebuilt the index from the fragments and WAL",
@@ -147,6 +150,8 @@ def rebuild_index(path: Path, lake_url: str | None, storage_options: dict | None
         warm = WarmTier(warm_path(path), schema)
     elif segments:
         schema = next(iter(segments.values())).schema
+    elif "schema" in own and "run_id" in own:
+        schema = pa.ipc.read_schema(pa.py_buffer(own["schema"]))
     else:
         return {"repaired": repaired, "problems": problems + ["no fragments or WAL segments to rebuild from"],
                 "lost_keys": []}
@@ -157,7 +162,7 @@ def rebuild_index(path: Path, lake_url: str | None, storage_options: dict | None
             run_id = t.column("run_id")[0].as_py()
             break
     if run_id is None:
-        run_id = path.resolve().name
+        run_id = own["run_id"].decode() if "run_id" in own else path.resolve().name
     if lake_url is None and (path / "lake").is_dir():
         lake_url = str(path / "lake")
     manifest, lake_keys, note = _lake_state(lake_url, storage_options, run_id)

@@ -104,16 +104,43 @@ def read_meta(lake: Any, manifest: dict, columns: list[str]) -> Iterator[tuple[d
             start += rg.num_rows
 
 
+class _MirrorSide:
+    """The local mirror where ``read_meta`` expects a lake (it reads ``.store`` only)."""
+
+    def __init__(self, mirror: Any) -> None:
+        self.store = mirror.store
+
+
+#: lake files an eager restore copies at once (the sha256 of one overlaps the copy of the other)
+MIRROR_THREADS = 2
+
+
+def bytes_to_copy(mirror: Any, manifest: dict) -> int:
+    """Bytes of the manifest's files not in the mirror yet."""
+    return sum(int(e["bytes"]) for e in manifest["files"] if not mirror.has(e["path"]))
+
+
+def copy_and_read_meta(lake: Any, mirror: Any, manifest: dict, columns: list[str]
+                       ) -> Iterator[tuple[dict, np.ndarray, int, pa.Table]]:
+    """``read_meta`` for ``restore="eager"``: each file is first copied into the local mirror (hashed as
+    it is copied, ``tiers/mirror.py``; the next file's copy overlaps this one's indexing), then its key and
+    metadata columns are read from the copy. An interrupted restore copies only what is missing."""
+    local = _MirrorSide(mirror)
+    for entry in mirror.copy(lake.store, manifest["files"], MIRROR_THREADS):
+        yield from read_meta(local, {"files": [entry]}, columns)
+
+
 def index_cold(s: BufferState, groups: Iterable[tuple[dict, np.ndarray, int, pa.Table]], sid: int,
-               total: int, progress: Any = None) -> list[int]:
+               total: int, progress: Any = None, first: bool = False) -> list[int]:
     """Index the rows of ``groups`` (``read_meta``'s, of snapshot ``sid``) as cold batches, one per row
-    group; rows the index already holds are skipped. The new batch ids, in lake order."""
+    group; rows the index already holds are skipped (not looked up on a ``first`` attempt: a fresh
+    directory's index holds none). The new batch ids, in lake order."""
     done = 0
     added: list[int] = []
     for ref, rows, group_bytes, t in groups:
         n = t.num_rows
         keys = t.column("key").to_pylist()
-        _, _, found = s.index.lookup(keys)
+        found = np.zeros(n, bool) if first else s.index.lookup(keys)[2]
         done += n
         if found.any():  # indexed by an earlier, interrupted attempt
             keep = ~found

@@ -20,12 +20,9 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-import pyarrow as pa
-
-from ..errors import CorruptionError, LakeError
+from ..errors import CorruptionError, LakeError, OptionError
 from ..lake import Lake
 from ..lake.location import require_parent
-from ..schema import conform_restored
 from . import resume
 from .deadline import bounded_call, bounded_iter
 from .lakeaudit import LakeAudit, Missing, Reupload
@@ -110,8 +107,10 @@ class Snapshots:
                  max_bytes: int | None = None, timeout_s: float | None = None,
                  lake_settings: dict[str, Any] | None = None, restore: str = "eager") -> None:
         self.s = state
-        self.restore_mode = restore  # "eager": copy every row; "lazy"/"cold": index them as cold (engine/resume)
-        self.resumed: list[int] = []  # cold batches a lazy resume indexed (the buffer warms them)
+        self.restore_mode = restore  # "eager": verified local copies; "lazy"/"cold": rows in the lake (engine/resume)
+        self.resumed: list[int] = []  # cold batches a resume indexed (the buffer warms them, lazy/eager)
+        self.mirror: Any = None  # the local mirror an eager restore copies into (tiers/mirror), set by the buffer
+        self.disk_short: Any = lambda extra: 0  # bytes over the disk budget with ``extra`` more (engine/diskbudget)
         self.lake_settings = dict(lake_settings or {})
         self.lake = lake
         self.lake_url = lake_url
@@ -452,52 +451,37 @@ class Snapshots:
                 s.index.delete_setting(RESTORING)  # the lake holds nothing of the run: a new run
             return
         sid = manifest["snapshot_id"]
+        if self.restore_mode == "eager":
+            self._check_room(manifest)  # before any mark: a refused directory stays as it was
         s.index.set_next_seq(int(manifest.get("meta", {}).get("next_seq", 0)))  # before any push
         s.index.put_setting(RESTORING, str(sid).encode())
         total = sum(int(f["rows"]) for f in manifest["files"])
-        done = 0
-        if self.restore_mode != "eager":  # engine/resume: the metadata columns only, rows stay cold
-            groups = bounded_iter(resume.read_meta(lake, manifest, s.meta_columns), deadline, overdue,
-                                  name="lakebuffer-resume")
-            try:  # nothing is served until it completes; only what the lake raised is the lake's
-                self.resumed = resume.index_cold(s, resume.lake_side(groups), sid, total, progress)
-            except resume.LakeSide as e:
-                raise self._interrupted(None, total, e.error) from e.error
-            except CorruptionError as e:
-                raise self._local_damage(e) from e
-            finally:
-                groups.close()
-            self._restored(sid, total)
-            return
-        # the deadline bounds every wait for the lake, also a read that stalls inside one batch
-        stream = bounded_iter(lake.scan_batches(s.run_id, snapshot_id=sid), deadline, overdue,
-                              name="lakebuffer-restore")
-        try:
-            while True:
-                try:  # only what the lake raises is the lake's: the index's damage is its own
-                    rb = next(stream, None)
-                except (LakeError, CorruptionError) as e:
-                    raise self._interrupted(done, total, e) from e
-                if rb is None:
-                    break
-                table = conform_restored(pa.Table.from_batches([rb]), s.schema, s.run_id)
-                n = table.num_rows
-                try:
-                    if marker is not None:  # resuming: skip the rows an earlier attempt installed
-                        _, _, found = s.index.lookup(table.column("key").to_pylist())
-                        if found.any():
-                            table = table.filter(pa.array(~found))
-                    if table.num_rows:
-                        self.installer.install(table, snapshot=sid)
-                        self.after_install()
-                except CorruptionError as e:
-                    raise self._local_damage(e) from e
-                done += n
-                if progress is not None:
-                    progress(done, total)
+        if self.restore_mode == "eager":  # verified copies of the files, indexed from the copies (tiers/mirror)
+            items = resume.copy_and_read_meta(lake, self.mirror, manifest, s.meta_columns)
+        else:  # engine/resume: the metadata columns only, rows stay cold (in the lake)
+            items = resume.read_meta(lake, manifest, s.meta_columns)
+        groups = bounded_iter(items, deadline, overdue, name="lakebuffer-resume")
+        try:  # nothing is served until it completes; only what the lake raised is the lake's
+            self.resumed = resume.index_cold(s, resume.lake_side(groups), sid, total, progress, first=marker is None)
+        except resume.LakeSide as e:
+            raise self._interrupted(None, total, e.error) from e.error
+        except CorruptionError as e:
+            raise self._local_damage(e) from e
         finally:
-            stream.close()
-        self._restored(sid, done)
+            groups.close()
+        self._restored(sid, total)
+
+    def _check_room(self, manifest: dict) -> None:
+        """An eager restore copies the run's lake files to local disk: refuse, before copying anything,
+        when they do not fit ``disk_limit_gb`` (and the free-space floor)."""
+        need = resume.bytes_to_copy(self.mirror, manifest)
+        over = self.disk_short(need)
+        if over:
+            raise OptionError(
+                f"restore='eager' copies run {self.s.run_id!r}'s lake files ({need} bytes) to {self.s.path}, "
+                f"{over} bytes more than its disk budget (disk_limit_gb and the free-space floor) allows; nothing "
+                "was copied. Open with restore='lazy' (rows are served from the lake at once and warmed within the "
+                "budget) or 'cold', or raise disk_limit_gb")
 
     def _restored(self, sid: int, rows: int) -> None:
         s = self.s

@@ -314,13 +314,14 @@ class Lake:
             schema = schema.append(PARTITION_FIELDS[1])
         return schema
 
-    def _fragment(self, entry: dict, filesystem: pafs.FileSystem) -> ds.Fragment:
+    def _fragment(self, entry: dict, filesystem: pafs.FileSystem, store: LakeFS | None = None) -> ds.Fragment:
         expr = (ds.field("run_id") == entry["run_id"]) & (ds.field("policy_bucket") == int(entry["policy_bucket"]))
         if entry.get("min_policy_version") is not None and entry.get("max_policy_version") is not None:
             expr = expr & (ds.field("policy_version") >= int(entry["min_policy_version"]))
             expr = expr & (ds.field("policy_version") <= int(entry["max_policy_version"]))
         return self._format.make_fragment(
-            self.store.abs(entry["path"]), filesystem=filesystem, partition_expression=expr, file_size=int(entry["bytes"])
+            (store or self.store).abs(entry["path"]), filesystem=filesystem, partition_expression=expr,
+            file_size=int(entry["bytes"])
         )
 
     def dataset(
@@ -351,14 +352,17 @@ class Lake:
             verify_entries(self.store, entries)
         return ds.FileSystemDataset([self._fragment(f, fs) for f in entries], full, self._format, fs)
 
-    def dataset_of(self, entries: list[dict], schema: pa.Schema, *, verify: bool | None = None) -> ds.Dataset:
+    def dataset_of(self, entries: list[dict], schema: pa.Schema, *, verify: bool | None = None,
+                   store: LakeFS | None = None) -> ds.Dataset:
         """A pyarrow dataset over these committed file entries only (the buffer's cold tier: the files
-        that hold its cold-only rows), verified like ``dataset``."""
+        that hold its cold-only rows), verified like ``dataset``; from ``store`` when given (a local
+        mirror of the files, ``tiers/mirror.py``)."""
+        store = store or self.store
         verify = self.options.verify_reads if verify is None else verify
         if verify:
-            verify_entries(self.store, entries)
-        fs = self.store.pafs
-        return ds.FileSystemDataset([self._fragment(f, fs) for f in entries], self._dataset_schema({}, schema),
+            verify_entries(store, entries)
+        fs = store.pafs
+        return ds.FileSystemDataset([self._fragment(f, fs, store) for f in entries], self._dataset_schema({}, schema),
                                     self._format, fs)
 
     def register(self, con: Any, view: str = "cold", run_id: str | None = None) -> None:

@@ -42,6 +42,7 @@ import pyarrow.parquet as pq
 from ..errors import CorruptionError, LakeBufferError, LakeError
 from ..lake.pages import METADATA_CACHE_BYTES, MissingRows, PageReader, storage_failed
 from .base import Location, ScannedDataset, Staged, gather
+from .mirror import LocalMirror
 
 #: Parquet footers kept (one per lake file read; a footer is a few KB per row group)
 MAX_FOOTERS = 256
@@ -75,6 +76,14 @@ class _ColdDataset(ScannedDataset):
         return self._make().scanner(*args, **kwargs)
 
 
+class _Mirrored:
+    """The local mirror in the place of the lake for ``ColdTier._read_in`` (``tiers/mirror.py``)."""
+
+    def __init__(self, mirror: LocalMirror) -> None:
+        self.mirror = mirror
+        self.store = mirror.store
+
+
 class ColdTier:
     """Cold-only rows, read from the lake by (file, row) (implements ``Tier``; rows enter by ``KeyIndex.set_cold``)."""
 
@@ -93,8 +102,10 @@ class ColdTier:
         self._referenced: dict[str, dict] = {}  # lake path -> entry, of the files cold batches point at
         self._sql_entries: list[dict] | None = None  # None: exactly the referenced files
         self._footers: dict[str, pq.FileMetaData] = {}  # lake path -> Parquet footer (bounded, oldest dropped)
-        self._page_reader: PageReader | None = None  # keyed page reads of files with row digests
-        self.cache_bytes = int(cache_bytes)  # the page reader's footer / page-index cache (RAM budget)
+        self._page_readers: dict[int, PageReader] = {}  # id(store) -> keyed page reads of files with row digests
+        self.cache_bytes = int(cache_bytes)  # each page reader's footer / page-index cache (RAM budget)
+        self._batch_paths: dict[int, tuple[str, ...]] = {}  # cold batch id -> the lake paths of its rows
+        self.mirror: LocalMirror | None = None  # local verified copies of lake files, read first (restore="eager")
         self._manifest: dict | None = None  # the run's latest manifest, until the lake changes (``invalidate``)
         self._version = 0
 
@@ -117,6 +128,7 @@ class ColdTier:
         with self._lock:
             self._batches[batch_id] = rows
             self._bytes[batch_id] = nbytes
+            self._batch_paths[batch_id] = tuple(e["path"] for e in files)
             for e in files:
                 self._referenced.setdefault(e["path"], dict(e))
             self._version += 1
@@ -129,7 +141,21 @@ class ColdTier:
             else:
                 self._batches.pop(batch_id, None)
                 self._bytes.pop(batch_id, None)
+                self._batch_paths.pop(batch_id, None)
             self._version += 1
+
+    def touch(self) -> None:
+        """Something the SQL sources depend on changed (a mirror copy left): register them again."""
+        with self._lock:
+            self._version += 1
+
+    def unreferenced_mirror(self, paths: Sequence[str]) -> list[str]:
+        """Those of ``paths`` that are mirrored and that no cold batch reads any more (promoted)."""
+        if self.mirror is None:
+            return []
+        with self._lock:
+            used = {p for ps in self._batch_paths.values() for p in ps}
+        return [p for p in paths if p not in used and self.mirror.has(p)]
 
     def refresh(self, live: list[dict]) -> None:
         """The run's live lake files now: serve SQL from the referenced ones, or from all of them when
@@ -186,29 +212,78 @@ class ColdTier:
         if not batches.num_rows or not entries:
             return {"cold_data": self.schema.empty_table(), "cold_batches": batches}
         lake = self._lake()
-        return {"cold_data": _ColdDataset.over(lambda: lake.dataset_of(entries, self.schema),
-                                               lake.dataset_of([], self.schema).schema),
+        mirror = self.mirror
+
+        def make() -> pds.Dataset:  # when a query reads it: the mirror as it is then
+            local = [e for e in entries if mirror is not None and mirror.has(e["path"])]
+            remote = [e for e in entries if not (mirror is not None and mirror.has(e["path"]))]
+            parts = [lake.dataset_of(remote, self.schema)] if remote else []
+            if local:
+                assert mirror is not None
+                parts.append(lake.dataset_of(local, self.schema, store=mirror.store))
+            return parts[0] if len(parts) == 1 else pds.dataset(parts)
+
+        return {"cold_data": _ColdDataset.over(make, lake.dataset_of([], self.schema).schema),
                 "cold_batches": batches}
 
     def stats(self) -> dict[str, int]:
         """Cold-only rows (also held nowhere else), the bytes they took locally, lake files they are in."""
         with self._lock:
-            return {"rows": sum(self._batches.values()), "bytes": sum(self._bytes.values()),
-                    "batches": len(self._batches), "files": len(self._referenced)}
+            out = {"rows": sum(self._batches.values()), "bytes": sum(self._bytes.values()),
+                   "batches": len(self._batches), "files": len(self._referenced)}
+            mirror = self.mirror
+            if mirror is not None:
+                out["local_rows"] = sum(r for b, r in self._batches.items()
+                                        if self._batch_paths.get(b) and all(mirror.has(p) for p in self._batch_paths[b]))
+        if mirror is not None:
+            out["mirror_files"] = len(mirror.paths())
+            out["mirror_bytes"] = mirror.nbytes()
+        return out
 
     def memory_bytes(self) -> int:
         """RAM the page reader may hold for footers and page indexes (its cache's limit, which it fills
         as files are read), once a cold read started it; the buffer counts it in ``memory_limit_mb``."""
         with self._lock:
-            return self.cache_bytes if self._page_reader is not None else 0
+            return self.cache_bytes * len(self._page_readers)
 
     # reading -------------------------------------------------------------------------------
     def _read(self, where: Location, columns: list[str], keys: list[str] | None) -> pa.Table:
+        """Rows of mirrored files from the local copies (the lake is not touched for them), the rest
+        from the lake; a copy removed meanwhile (disk relief) is read from the lake instead."""
+        mirror = self.mirror
+        if mirror is None or len(where) == 0:
+            return self._read_in(None, where, columns, keys)
+        uniq, inv = np.unique(where.part, return_inverse=True)
+        with self._lock:
+            paths = [self._files[f]["path"] for f in uniq.tolist()]
+        local = np.array([mirror.has(p) for p in paths], bool)[inv]
+        if not local.any():
+            return self._read_in(None, where, columns, keys)
+        parts, order = [], []
+        for mask, src in ((local, _Mirrored(mirror)), (~local, None)):
+            idx = np.flatnonzero(mask)
+            if not len(idx):
+                continue
+            sub = Location(where.part[idx], where.row[idx])
+            sub_keys = [keys[i] for i in idx.tolist()] if keys is not None else None
+            try:
+                parts.append(self._read_in(src, sub, columns, sub_keys))
+            except (CorruptionError, StaleLocation):
+                if src is None or all(mirror.has(paths[j]) for j in np.unique(inv[idx]).tolist()):
+                    raise
+                parts.append(self._read_in(None, sub, columns, sub_keys))  # a copy left local disk meanwhile
+            order.append(idx)
+        if len(parts) == 1:
+            return parts[0]
+        return pa.concat_tables(parts).take(pa.array(np.argsort(np.concatenate(order), kind="stable")))
+
+    def _read_in(self, src: _Mirrored | None, where: Location, columns: list[str], keys: list[str] | None) -> pa.Table:
+        """``_read`` from the lake (``src`` None) or from the local mirror."""
         schema = pa.schema([self.schema.field(c) for c in columns])
         if len(where) == 0:
             return schema.empty_table()
         want = list(dict.fromkeys(columns + (["key"] if keys is not None else [])))
-        lake = self._lake()
+        lake = self._lake() if src is None else src
         uniq, inv = np.unique(where.part, return_inverse=True)
         rows = where.row.astype(np.int64)
         tables: list[pa.Table] = []
@@ -262,9 +337,13 @@ class ColdTier:
     def _pages(self, lake: Any) -> PageReader:
         """The page reader of the lake now served (one per lake store; a reopened lake gets a new one)."""
         with self._lock:
-            if self._page_reader is None or self._page_reader.store is not lake.store:
-                self._page_reader = PageReader(lake.store, cache_bytes=self.cache_bytes)
-            return self._page_reader
+            got = self._page_readers.get(id(lake.store))
+            if got is None or got.store is not lake.store:
+                for k in [k for k, r in self._page_readers.items() if r.store is not lake.store and k != id(lake.store)
+                          and not (self.mirror is not None and r.store is self.mirror.store)]:
+                    del self._page_readers[k]  # a reopened lake: its old reader goes
+                got = self._page_readers[id(lake.store)] = PageReader(lake.store, cache_bytes=self.cache_bytes)
+            return got
 
     def _has_digests(self, lake: Any, pages: PageReader, entry: dict) -> bool:
         """Whether the file carries row digests (written since #23); its footer is read once."""
@@ -341,6 +420,8 @@ class ColdTier:
             raise CorruptionError(f"lake file {store.url_of(entry['path'])} is not readable Parquet: {e}") from e
 
     def _live(self, lake: Any, path: str) -> bool:
+        if isinstance(lake, _Mirrored):  # a local copy: present means its rows are there
+            return lake.mirror.has(path)
         self.invalidate()
         m = self._latest(lake)
         return m is not None and any(e["path"] == path for e in m["files"])
