@@ -10,6 +10,7 @@ replays the WAL, so every put it acknowledged is back before it serves the next 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import pyarrow as pa
 from ..errors import SchemaError
 from ..index import ipc_bytes, read_ipc  # re-exported: the store and its client share one wire format
 from ..schema import ROLLOUT_SCHEMA, cast_to, parse_type
+from .tq_wire import WireServer, serialized
 
 # bookkeeping columns the backend adds to the rollout schema (all metadata: usable in where=)
 TQ_COLUMNS = pa.schema([
@@ -48,8 +50,18 @@ def store_schema(fields: dict[str, str] | None) -> pa.Schema:
     return pa.schema(extra)
 
 
+def ipc_buffer(table: pa.Table) -> pa.Buffer:
+    """``table`` as one Arrow IPC stream in an Arrow buffer (sent out of band, never copied into bytes)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue()
+
+
+@serialized
 class StoreBody:
-    """The actor body: the buffers plus the calls the storage clients make.
+    """The actor body: the buffers plus the calls the storage clients make (through Ray or the
+    socket of ``tq_wire``; one call at a time).
 
     A buffer's schema is fixed when it is created, while TransferQueue fields appear with the puts
     that first carry them. So the store is a list of *generations*: generation 0 is ``path`` (the
@@ -62,6 +74,7 @@ class StoreBody:
         from ..buffer import ReplayBuffer
         from .tq_journal import Journal
 
+        self._lock = threading.RLock()
         self.path_, self.open_kwargs = Path(path), dict(open_kwargs)
         self.gens = [ReplayBuffer.open(path, schema=store_schema(fields), **open_kwargs)]
         n = 1
@@ -69,6 +82,11 @@ class StoreBody:
             self.gens.append(ReplayBuffer.open(str(self.path_ / f"{GEN_DIR}{n}"), **self._gen_kwargs(n)))
             n += 1
         self.keys = Journal(path, open_kwargs, self.gens[0].run_id)  # the controller's journal (keys, tags, clears)
+        self._wire = WireServer(self)
+
+    def endpoint(self) -> tuple[str, str, int]:
+        """(node id, socket address, pid): where a client on the same node sends its calls."""
+        return self._wire.endpoint()
 
     @property
     def buf(self) -> Any:
@@ -126,13 +144,13 @@ class StoreBody:
     def _gen_of(self, key: str) -> int:
         return int(key[1:key.index(":")]) if key.startswith("g") and ":" in key else 0
 
-    def get(self, requests: Sequence[tuple[list[str], list[str]]]) -> list[bytes]:
+    def get(self, requests: Sequence[tuple[list[str], list[str]]]) -> list[pa.Buffer]:
         """For each (row keys, columns): those rows' columns, in key order, as an IPC stream."""
         out = []
         for keys, columns in requests:
             gens = {self._gen_of(k) for k in keys}
             if len(gens) == 1:
-                out.append(ipc_bytes(self.gens[gens.pop()].get(keys, columns=list(columns))))
+                out.append(ipc_buffer(self.gens[gens.pop()].get(keys, columns=list(columns))))
                 continue
             import pyarrow.compute as pc
 
@@ -140,7 +158,7 @@ class StoreBody:
                      for g in sorted(gens)]
             table = pa.concat_tables(parts, promote_options="permissive")
             order = pc.index_in(pa.array(keys), table.column("key"))
-            out.append(ipc_bytes(table.take(order).select(list(columns))))
+            out.append(ipc_buffer(table.take(order).select(list(columns))))
         return out
 
     def delete(self, partition: str, indexes: list[int]) -> int:
@@ -199,9 +217,9 @@ class StoreBody:
         """The controller's journal records of one acknowledged operation (durable on return)."""
         return self.keys.append(read_ipc(records))
 
-    def journal_state(self) -> bytes:
+    def journal_state(self) -> pa.Buffer:
         """The live samples of the journal, for a new controller to take back."""
-        return ipc_bytes(self.keys.state())
+        return ipc_buffer(self.keys.state())
 
     def sql(self, query: str) -> bytes:
         """Read-only SQL over ``rollouts`` (the values) and ``tq_keys`` (TransferQueue's keys and tags)."""
@@ -253,6 +271,7 @@ class StoreBody:
         return os.getpid()
 
     def close(self) -> None:
+        self._wire.close()
         self.keys.close()
         for g in self.gens:
             g.close()
