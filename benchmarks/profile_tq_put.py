@@ -21,7 +21,6 @@ from collections import defaultdict
 from typing import Any
 
 
-
 def _spans() -> dict[str, list[float]]:
     import sys
 
