@@ -117,7 +117,6 @@ def _driver_spans(tq: Any, lake: bool) -> None:
         import lakebuffer.integrations.transferqueue as lbtq
 
         wrap(lbtq, "to_arrow", "drv.put_batch > to_arrow")
-        wrap(lbtq, "ipc_buffer", "drv.put_batch > ipc_buffer")
         wrap(lbtq, "to_field", "drv.get_batch > to_field")
         wrap(lbtq, "read_ipc", "drv.get_batch > read_ipc")
 

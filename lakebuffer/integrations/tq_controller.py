@@ -135,9 +135,7 @@ def _install(ctrl: Any, store_name: str, namespace: str, journal: bytes, retry_s
 
     def write(records: list[dict[str, Any]]) -> None:
         if records:
-            from .tq_store import ipc_buffer
-
-            wire.call("journal", ipc_buffer(pa.Table.from_pylist(records, schema=JOURNAL_SCHEMA)))
+            wire.call("journal", pa.Table.from_pylist(records, schema=JOURNAL_SCHEMA))
 
     def after(method: Any, records_of: Any) -> Any:
         signature = inspect.signature(method)  # once: inspect.signature costs ~30 us per call

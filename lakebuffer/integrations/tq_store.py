@@ -119,12 +119,12 @@ class StoreBody:
                                                **self._gen_kwargs(n)))
         return self.schema()
 
-    def put(self, data: bytes) -> str:
-        """Store one put in the newest generation; returns the prefix of its row keys. Idempotent,
-        so a call retried after a crash it survived stores it once."""
+    def put(self, data: pa.Table | bytes) -> str:
+        """Store one put (a table, or an IPC stream) in the newest generation; returns the prefix of its
+        row keys. Idempotent, so a call retried after a crash it survived stores it once."""
         import pyarrow.compute as pc
 
-        table = read_ipc(data)
+        table = _table(data)
         n = len(self.gens) - 1
         prefix = f"g{n}:" if n else ""
         if prefix:
@@ -144,13 +144,14 @@ class StoreBody:
     def _gen_of(self, key: str) -> int:
         return int(key[1:key.index(":")]) if key.startswith("g") and ":" in key else 0
 
-    def get(self, requests: Sequence[tuple[list[str], list[str]]]) -> list[pa.Buffer]:
-        """For each (row keys, columns): those rows' columns, in key order, as an IPC stream."""
+    def get(self, requests: Sequence[tuple[list[str], list[str]]]) -> list[pa.Table]:
+        """For each (row keys, columns): those rows' columns, in key order (a table pickles its
+        buffers out of band: the socket and Ray send them without a copy into a stream)."""
         out = []
         for keys, columns in requests:
             gens = {self._gen_of(k) for k in keys}
             if len(gens) == 1:
-                out.append(ipc_buffer(self.gens[gens.pop()].get(keys, columns=list(columns))))
+                out.append(self.gens[gens.pop()].get(keys, columns=list(columns)))
                 continue
             import pyarrow.compute as pc
 
@@ -158,7 +159,7 @@ class StoreBody:
                      for g in sorted(gens)]
             table = pa.concat_tables(parts, promote_options="permissive")
             order = pc.index_in(pa.array(keys), table.column("key"))
-            out.append(ipc_buffer(table.take(order).select(list(columns))))
+            out.append(table.take(order).select(list(columns)))
         return out
 
     def delete(self, partition: str, indexes: list[int]) -> int:
@@ -213,9 +214,9 @@ class StoreBody:
                     restored += missing.num_rows
         return restored
 
-    def journal(self, records: bytes) -> int:
+    def journal(self, records: pa.Table | bytes) -> int:
         """The controller's journal records of one acknowledged operation (durable on return)."""
-        return self.keys.append(read_ipc(records))
+        return self.keys.append(_table(records))
 
     def journal_state(self) -> pa.Buffer:
         """The live samples of the journal, for a new controller to take back."""
@@ -275,6 +276,10 @@ class StoreBody:
         self.keys.close()
         for g in self.gens:
             g.close()
+
+
+def _table(data: pa.Table | bytes) -> pa.Table:
+    return data if isinstance(data, pa.Table) else read_ipc(data)
 
 
 def _quote(text: str) -> str:

@@ -47,7 +47,7 @@ from ..schema import ROLLOUT_SCHEMA
 from .tensor_columns import to_arrow, to_field, type_text_for
 from .tq_journal import REQUIRED as _REQUIRED
 from .tq_journal import neutral
-from .tq_store import TQ_COLUMNS, StoreBody, ipc_buffer, read_ipc
+from .tq_store import TQ_COLUMNS, StoreBody, read_ipc
 from .tq_wire import WireClient
 
 try:  # the backend needs the real package; the error says how to get it
@@ -276,7 +276,7 @@ class LakeBufferStorageClient(StorageKVClient):
         for col in _REQUIRED:  # neutral values for the rollout columns this put does not carry
             if col not in cols:
                 cols[col] = neutral(col, self.schema.field(col).type, part, idx)
-        prefix = self._call("put", ipc_buffer(pa.table(cols)))
+        prefix = self._call("put", pa.table(cols))  # its buffers travel out of band, uncopied
         return [prefix + k for k in keys.to_pylist()]
 
     def get_batch(self, row_keys: dict[str, list[str]], field_schema: dict[str, dict]) -> dict[str, Any]:
@@ -289,7 +289,7 @@ class LakeBufferStorageClient(StorageKVClient):
         requests = [(list(keys), [self.column_of(f) for f in fields]) for keys, fields in groups.items()]
         out: dict[str, Any] = {}
         for (_, fields), data in zip(groups.items(), self._call("get", requests), strict=True):
-            table = read_ipc(data)
+            table = data if isinstance(data, pa.Table) else read_ipc(data)
             for field in fields:
                 column = table.column(self.column_of(field))
                 if self.column_of(field) in self.json_cols:

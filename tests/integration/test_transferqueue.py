@@ -277,15 +277,13 @@ def test_an_undeclared_field_gets_a_column_typed_from_its_first_put(tq_system):
 def test_store_calls_go_over_its_socket_and_keep_their_errors(tq_system):
     """A client on the store's node calls it over the Unix socket (tq_wire), not Ray; a store error
     comes back as its own LakeBufferError class, and the socket still serves after it."""
-    from lakebuffer.integrations.tq_store import ipc_buffer
-
     store = tq_system["store"]
     assert store._call("path") == str(tq_system["path"])  # (reconnects if an earlier test restarted the store)
     assert not store.wire.remote and store.wire.address.startswith("ipc://")
     assert store.wire.pid == ray.get(lbtq.store_handle(tq_system["cfg"]).pid.remote())
     bad = pa.table({"key": ["w/1"], "not_a_column": [1]})
     with pytest.raises(SchemaError, match="not_a_column"):
-        store._call("put", ipc_buffer(bad))
+        store._call("put", bad)
     with pytest.raises(lb.LakeBufferError, match="no call"):
         store.wire.call("_stored", ["w/1"])  # private methods are not served
     assert store._call("count") >= 0  # the socket serves on after errors
