@@ -2,7 +2,8 @@
 
 TransferQueue creates a storage client in every process that calls ``tq.init()``; a lakebuffer
 directory has one writer. So the buffer lives in one named actor and every client talks to it.
-Batches travel as Arrow IPC streams (``bytes``), never as pickled Python rows. The actor is
+Batches travel as Arrow buffers (an IPC stream, or a table pickled with its buffers out of band), never
+as pickled Python rows; on the store's node over its ZeroMQ socket (``tq_wire``), elsewhere through Ray. The actor is
 started with ``max_restarts=-1``: after a crash (``kill -9``) Ray starts it again and ``open``
 replays the WAL, so every put it acknowledged is back before it serves the next call.
 """
