@@ -135,7 +135,7 @@ def _install(ctrl: Any, store_name: str, namespace: str, journal: bytes, retry_s
 
     def write(records: list[dict[str, Any]]) -> None:
         if records:
-            from .tq_store import ipc_buffer  # 9 string columns: streamed, cheaper than pickled array by array
+            from .tq_wire import ipc_buffer  # 9 string columns: streamed, cheaper than pickled array by array
 
             wire.call("journal", ipc_buffer(pa.Table.from_pylist(records, schema=JOURNAL_SCHEMA)))
 

@@ -21,7 +21,7 @@ import pyarrow as pa
 from ..errors import SchemaError
 from ..index import ipc_bytes, read_ipc  # re-exported: the store and its client share one wire format
 from ..schema import ROLLOUT_SCHEMA, cast_to, parse_type
-from .tq_wire import WireServer, serialized
+from .tq_wire import WireServer, ipc_buffer, serialized  # ipc_buffer re-exported
 
 # bookkeeping columns the backend adds to the rollout schema (all metadata: usable in where=)
 TQ_COLUMNS = pa.schema([
@@ -49,14 +49,6 @@ def store_schema(fields: dict[str, str] | None) -> pa.Schema:
         except ValueError as e:
             raise SchemaError(f"fields.{name}: {e}") from e
     return pa.schema(extra)
-
-
-def ipc_buffer(table: pa.Table) -> pa.Buffer:
-    """``table`` as one Arrow IPC stream in an Arrow buffer (sent out of band, never copied into bytes)."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as w:
-        w.write_table(table)
-    return sink.getvalue()
 
 
 @serialized

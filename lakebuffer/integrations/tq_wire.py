@@ -25,12 +25,21 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import pyarrow as pa
 import zmq
 
 from ..errors import LakeBufferError
 
 UNLOCKED = ("endpoint", "pid", "path")  # answer while another call runs (a client's liveness check)
 WAIT_SLICE_S = 2.0  # a reply not here by then: check that the store is still the process asked
+
+
+def ipc_buffer(table: pa.Table) -> pa.Buffer:
+    """``table`` as one Arrow IPC stream in an Arrow buffer (sent out of band, never copied into bytes)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue()
 
 
 def _dumps(obj: Any) -> list[Any]:
