@@ -2,7 +2,8 @@
 
 TransferQueue creates a storage client in every process that calls ``tq.init()``; a lakebuffer
 directory has one writer. So the buffer lives in one named actor and every client talks to it.
-Batches travel as Arrow IPC streams (``bytes``), never as pickled Python rows. The actor is
+Batches travel as Arrow buffers (an IPC stream, or a table pickled with its buffers out of band), never
+as pickled Python rows; on the store's node over its ZeroMQ socket (``tq_wire``), elsewhere through Ray. The actor is
 started with ``max_restarts=-1``: after a crash (``kill -9``) Ray starts it again and ``open``
 replays the WAL, so every put it acknowledged is back before it serves the next call.
 """
@@ -10,6 +11,7 @@ replays the WAL, so every put it acknowledged is back before it serves the next 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ import pyarrow as pa
 from ..errors import SchemaError
 from ..index import ipc_bytes, read_ipc  # re-exported: the store and its client share one wire format
 from ..schema import ROLLOUT_SCHEMA, cast_to, parse_type
+from .tq_wire import WireServer, ipc_buffer, serialized  # ipc_buffer re-exported
 
 # bookkeeping columns the backend adds to the rollout schema (all metadata: usable in where=)
 TQ_COLUMNS = pa.schema([
@@ -48,8 +51,10 @@ def store_schema(fields: dict[str, str] | None) -> pa.Schema:
     return pa.schema(extra)
 
 
+@serialized
 class StoreBody:
-    """The actor body: the buffers plus the calls the storage clients make.
+    """The actor body: the buffers plus the calls the storage clients make (through Ray or the
+    socket of ``tq_wire``; one call at a time).
 
     A buffer's schema is fixed when it is created, while TransferQueue fields appear with the puts
     that first carry them. So the store is a list of *generations*: generation 0 is ``path`` (the
@@ -62,6 +67,7 @@ class StoreBody:
         from ..buffer import ReplayBuffer
         from .tq_journal import Journal
 
+        self._lock = threading.RLock()
         self.path_, self.open_kwargs = Path(path), dict(open_kwargs)
         self.gens = [ReplayBuffer.open(path, schema=store_schema(fields), **open_kwargs)]
         n = 1
@@ -69,6 +75,11 @@ class StoreBody:
             self.gens.append(ReplayBuffer.open(str(self.path_ / f"{GEN_DIR}{n}"), **self._gen_kwargs(n)))
             n += 1
         self.keys = Journal(path, open_kwargs, self.gens[0].run_id)  # the controller's journal (keys, tags, clears)
+        self._wire = WireServer(self)
+
+    def endpoint(self) -> tuple[str, str, int]:
+        """(node id, socket address, pid): where a client on the same node sends its calls."""
+        return self._wire.endpoint()
 
     @property
     def buf(self) -> Any:
@@ -101,12 +112,12 @@ class StoreBody:
                                                **self._gen_kwargs(n)))
         return self.schema()
 
-    def put(self, data: bytes) -> str:
-        """Store one put in the newest generation; returns the prefix of its row keys. Idempotent,
-        so a call retried after a crash it survived stores it once."""
+    def put(self, data: pa.Table | bytes) -> str:
+        """Store one put (a table, or an IPC stream) in the newest generation; returns the prefix of its
+        row keys. Idempotent, so a call retried after a crash it survived stores it once."""
         import pyarrow.compute as pc
 
-        table = read_ipc(data)
+        table = _table(data)
         n = len(self.gens) - 1
         prefix = f"g{n}:" if n else ""
         if prefix:
@@ -126,13 +137,14 @@ class StoreBody:
     def _gen_of(self, key: str) -> int:
         return int(key[1:key.index(":")]) if key.startswith("g") and ":" in key else 0
 
-    def get(self, requests: Sequence[tuple[list[str], list[str]]]) -> list[bytes]:
-        """For each (row keys, columns): those rows' columns, in key order, as an IPC stream."""
+    def get(self, requests: Sequence[tuple[list[str], list[str]]]) -> list[pa.Table]:
+        """For each (row keys, columns): those rows' columns, in key order (a table pickles its
+        buffers out of band: the socket and Ray send them without a copy into a stream)."""
         out = []
         for keys, columns in requests:
             gens = {self._gen_of(k) for k in keys}
             if len(gens) == 1:
-                out.append(ipc_bytes(self.gens[gens.pop()].get(keys, columns=list(columns))))
+                out.append(self.gens[gens.pop()].get(keys, columns=list(columns)))
                 continue
             import pyarrow.compute as pc
 
@@ -140,7 +152,7 @@ class StoreBody:
                      for g in sorted(gens)]
             table = pa.concat_tables(parts, promote_options="permissive")
             order = pc.index_in(pa.array(keys), table.column("key"))
-            out.append(ipc_bytes(table.take(order).select(list(columns))))
+            out.append(table.take(order).select(list(columns)))
         return out
 
     def delete(self, partition: str, indexes: list[int]) -> int:
@@ -195,13 +207,13 @@ class StoreBody:
                     restored += missing.num_rows
         return restored
 
-    def journal(self, records: bytes) -> int:
+    def journal(self, records: pa.Table | bytes) -> int:
         """The controller's journal records of one acknowledged operation (durable on return)."""
-        return self.keys.append(read_ipc(records))
+        return self.keys.append(_table(records))
 
-    def journal_state(self) -> bytes:
+    def journal_state(self) -> pa.Buffer:
         """The live samples of the journal, for a new controller to take back."""
-        return ipc_bytes(self.keys.state())
+        return ipc_buffer(self.keys.state())
 
     def sql(self, query: str) -> bytes:
         """Read-only SQL over ``rollouts`` (the values) and ``tq_keys`` (TransferQueue's keys and tags)."""
@@ -253,9 +265,14 @@ class StoreBody:
         return os.getpid()
 
     def close(self) -> None:
+        self._wire.close()
         self.keys.close()
         for g in self.gens:
             g.close()
+
+
+def _table(data: pa.Table | bytes) -> pa.Table:
+    return data if isinstance(data, pa.Table) else read_ipc(data)
 
 
 def _quote(text: str) -> str:

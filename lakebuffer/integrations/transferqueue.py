@@ -47,7 +47,8 @@ from ..schema import ROLLOUT_SCHEMA
 from .tensor_columns import to_arrow, to_field, type_text_for
 from .tq_journal import REQUIRED as _REQUIRED
 from .tq_journal import neutral
-from .tq_store import TQ_COLUMNS, StoreBody, ipc_bytes, read_ipc
+from .tq_store import TQ_COLUMNS, StoreBody, ipc_buffer, read_ipc
+from .tq_wire import WireClient
 
 try:  # the backend needs the real package; the error says how to get it
     import ray
@@ -207,6 +208,7 @@ class LakeBufferStorageClient(StorageKVClient):
         self.columns: dict[str, str] = dict(cfg.get("columns") or {})  # lakebuffer column -> TQ field
         self.to_column = {field: col for col, field in self.columns.items()}
         self.store = store_handle(cfg)
+        self.wire = WireClient(self.store, self._ray_call)
         self._set_schema(self._call("schema"))
 
     def _set_schema(self, data: bytes) -> None:
@@ -215,7 +217,11 @@ class LakeBufferStorageClient(StorageKVClient):
 
     # transport ------------------------------------------------------------------------
     def _call(self, method: str, *args: Any) -> Any:
-        """Call the store, waiting through a restart (Ray restarts it after a crash)."""
+        """Call the store (over its socket when on this node), waiting through a restart."""
+        return self.wire.call(method, *args)
+
+    def _ray_call(self, method: str, *args: Any) -> Any:
+        """Call the store through Ray, waiting through a restart (Ray restarts it after a crash)."""
         deadline = time.monotonic() + self.retry_s
         while True:
             try:
@@ -270,7 +276,8 @@ class LakeBufferStorageClient(StorageKVClient):
         for col in _REQUIRED:  # neutral values for the rollout columns this put does not carry
             if col not in cols:
                 cols[col] = neutral(col, self.schema.field(col).type, part, idx)
-        prefix = self._call("put", ipc_bytes(pa.table(cols)))
+        # one IPC stream (a table of ~15 columns pickles slower than it streams; a get's 2 big columns the other way)
+        prefix = self._call("put", ipc_buffer(pa.table(cols)))
         return [prefix + k for k in keys.to_pylist()]
 
     def get_batch(self, row_keys: dict[str, list[str]], field_schema: dict[str, dict]) -> dict[str, Any]:
@@ -283,7 +290,7 @@ class LakeBufferStorageClient(StorageKVClient):
         requests = [(list(keys), [self.column_of(f) for f in fields]) for keys, fields in groups.items()]
         out: dict[str, Any] = {}
         for (_, fields), data in zip(groups.items(), self._call("get", requests), strict=True):
-            table = read_ipc(data)
+            table = data if isinstance(data, pa.Table) else read_ipc(data)
             for field in fields:
                 column = table.column(self.column_of(field))
                 if self.column_of(field) in self.json_cols:

@@ -274,6 +274,21 @@ def test_an_undeclared_field_gets_a_column_typed_from_its_first_put(tq_system):
     assert typed.column("tqf_reward").to_pylist() == [0.5, 1.5]
 
 
+def test_store_calls_go_over_its_socket_and_keep_their_errors(tq_system):
+    """A client on the store's node calls it over the Unix socket (tq_wire), not Ray; a store error
+    comes back as its own LakeBufferError class, and the socket still serves after it."""
+    store = tq_system["store"]
+    assert store._call("path") == str(tq_system["path"])  # (reconnects if an earlier test restarted the store)
+    assert not store.wire.remote and store.wire.address.startswith("ipc://")
+    assert store.wire.pid == ray.get(lbtq.store_handle(tq_system["cfg"]).pid.remote())
+    bad = pa.table({"key": ["w/1"], "not_a_column": [1]})
+    with pytest.raises(SchemaError, match="not_a_column"):
+        store._call("put", bad)
+    with pytest.raises(lb.LakeBufferError, match="no call"):
+        store.wire.call("_stored", ["w/1"])  # private methods are not served
+    assert store._call("count") >= 0  # the socket serves on after errors
+
+
 def test_a_put_retried_after_the_store_died_is_stored_once(tmp_path):
     """A put that reached the WAL just before a crash is retried by the client: stored once, acknowledged."""
     from lakebuffer.integrations.tq_store import StoreBody, ipc_bytes
