@@ -162,6 +162,13 @@ def test_uniform_weighted_and_group_samples_are_one_round_trip_per_shard(twins):
     for b, a in zip(before, after):
         assert a.get("top", 0) - b.get("top", 0) == 15  # one call per shard per sample, rows included
         assert a.get("meta", 0) == b.get("meta", 0) and a.get("take", 0) == b.get("take", 0)
+        assert a.get("record", 0) == b.get("record", 0)  # the draws' replays rode along with the next call
+    # ... and every read still sees them: the same keys drawn again count one replay more each
+    keys = sharded.sample(8, where="reward > 0.5", seed=99, return_keys=True)
+    first = sharded.get(keys, ["sample_count"]).column(0).to_pylist()
+    assert sharded.sample(8, where="reward > 0.5", seed=99, return_keys=True).equals(keys)
+    again = sharded.get(keys, ["sample_count"]).column(0).to_pylist()
+    assert all(f >= 1 for f in first) and [g - f for f, g in zip(first, again)] == [1] * 8
 
 
 def test_reads_wait_for_a_restarting_shard(ray_cluster, tmp_path):

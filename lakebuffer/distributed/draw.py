@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 
 from .. import samplers as _samplers
 from ..catalog import Catalog
-from ..resources import render_sql
+from ..resources import render_sql, sql_text
 from ..samplers import _common as c
 from ..samplers.base import Sampler
 from ..samplers.prioritized_time import PrioritizedTimeSampler
@@ -192,13 +192,24 @@ class UnionCatalog:
 
     def __init__(self, schema: pa.Schema, meta_columns: list[str]) -> None:
         self.catalog = Catalog(schema, meta_columns, native_meta=False)
+        self.catalog.con.execute(sql_text("priority_table"))  # the shards' update_priority values
+        self.catalog.keeps_priorities = True
 
-    def load(self, parts: Sequence[tuple[pa.Table, bool]]) -> bool:
-        """Serve ``parts`` (the shards' ``meta`` answers) as ``meta``; True if ``_match`` is the where."""
+    def load(self, parts: Sequence[tuple[pa.Table, bool]], priorities: Sequence[pa.Table] = ()) -> bool:
+        """Serve ``parts`` (the shards' ``meta`` answers) as ``meta`` and ``priorities`` (theirs)
+        as ``priorities``; True if ``_match`` is the where."""
         tables = [t for t, _ in parts]
         union = pa.concat_tables(tables, promote_options="default") if tables else pa.table({})
         self.catalog.define_views({"__sharded_meta": union},
                                   [render_sql("sharded_meta_view", source="__sharded_meta")])
+        prios = (pa.concat_tables(list(priorities)) if priorities
+                 else pa.table({"key": pa.array([], pa.string()), "priority": pa.array([], pa.float64())}))
+        with self.catalog.lock:
+            self.catalog.con.register("__sharded_priorities", prios)
+            try:
+                self.catalog.con.execute(render_sql("sharded_priorities_load", source="__sharded_priorities"))
+            finally:
+                self.catalog.con.unregister("__sharded_priorities")
         return any(payload for _, payload in parts)
 
     def draw(self, strategy: Sampler, n: int, where: str | None, seed: int | None) -> pa.Array:
