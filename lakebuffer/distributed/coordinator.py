@@ -115,6 +115,7 @@ class ShardedReplayBuffer:
 
     def _init_local(self) -> None:
         self._union: draw.UnionCatalog | None = None
+        self._partials: draw.UnionCatalog | None = None  # filter samplers' partial results
         self._union_lock = threading.Lock()
         #: per shard: keys drawn but not yet told to it (sent with its next call, see ``_record``)
         self._unrecorded: dict[int, list[pa.Array]] = {}
@@ -311,6 +312,9 @@ class ShardedReplayBuffer:
         if type(strategy) in (GroupSampler, EpisodeSampler) and self.route == strategy.by:  # units on one shard
             keys, rows = self._sample_groups(strategy, n, where, seed, cols, return_keys)
             info_where, cat = where, None
+        elif (partial := draw.partial_of(strategy)) is not None:  # a filter's predicate, then a top-k merge
+            narrowed = c.combine(where, self._filter_predicate(strategy, partial, where))
+            keys, rows, info_where, cat = *self._sample_top(strategy.base, n, narrowed, seed, cols, return_keys), where, None
         elif draw.is_mergeable(strategy):
             keys, rows, info_where, cat = *self._sample_top(strategy, n, where, seed, cols, return_keys), where, None
         else:
@@ -365,6 +369,19 @@ class ShardedReplayBuffer:
             live = pc.add(rows.column(i).cast(pa.int64()), draw.count_repeats(keys)).cast(rows.schema.field(i).type)
             rows = rows.set_column(i, rows.schema.field(i), live)
         return keys, rows.select(cols if cols is not None else list(self.schema.names))
+
+    def _filter_predicate(self, strategy: Any, partial: str, where: str | None) -> str | None:
+        """``strategy.extra_predicate`` over every shard's rows: run over the union of the shards'
+        ``partial`` results (the rows matching ``where`` already), or alone when it needs none."""
+        if not partial:
+            return strategy.extra_predicate(None, where)
+        parts = self._call(lambda s, i: s.partial.remote(partial, where))
+        self.last_sample_bytes += sum(t.nbytes for t in parts)
+        with self._union_lock:
+            if self._partials is None:
+                self._partials = draw.UnionCatalog(pa.schema([]), [])
+            self._partials.load([(t, False) for t in parts])
+            return strategy.extra_predicate(self._partials.catalog, None)
 
     def _sample_groups(self, strategy: Any, n: int, where: str | None, seed: int | None, cols: list[str] | None,
                        return_keys: bool) -> tuple[pa.Array, pa.Table | None]:
@@ -508,14 +525,16 @@ class ShardedReplayBuffer:
                 ray.kill(s, no_restart=True)
             _placement.release(ray, self._pg)
             self._pg = None
-            if self._union is not None:
-                self._union.close()
-                self._union = None
+            for name in ("_union", "_partials"):
+                if getattr(self, name) is not None:
+                    getattr(self, name).close()
+                    setattr(self, name, None)
 
     def __getstate__(self) -> dict:
         """Picklable (actor handles travel), so a producer task elsewhere can ``push`` (``route="local"``)."""
         state = dict(self.__dict__)
         state.pop("_union", None)
+        state.pop("_partials", None)
         state.pop("_union_lock", None)
         state.pop("_unrecorded", None)  # the original sends them
         return state

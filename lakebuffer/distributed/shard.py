@@ -33,6 +33,7 @@ from ..resources import render_sql
 from ..results import Snapshot
 from ..samplers import _common as c
 from ..samplers.base import Sampler
+from .draw import PARTIALS
 
 
 class ShardError(LakeBufferError, RuntimeError):
@@ -127,6 +128,19 @@ class Shard:
         if pred == "TRUE" or cat.source_for(pred) == "meta":
             return cat.query(render_sql("shard_meta")), False, prios
         return cat.query(render_sql("shard_meta_match", where=pred)), True, prios
+
+    def partial(self, template: str, where: str | None) -> pa.Table:
+        """A filter sampler's partial result here (``draw.partial_of``): ``template`` (one of
+        ``draw.PARTIALS``) over this shard's rows matching ``where``."""
+        if template not in PARTIALS:
+            raise ValueError(f"not a shard partial: {template!r}")
+        self.calls["partial"] += 1
+        cat = self.buf.catalog
+        pred = predicate.check(where)
+        cat.sync()
+        with cat.lock, cat.counts_deferred():
+            source, full = c.resolve(cat, pred)
+            return cat.query(render_sql(template, source=source, where=full), sync=False)
 
     def top(self, k: int, where: str | None, seed: int, columns: list[str] | None, count: bool,
             record: pa.Array | None = None) -> dict[str, Any]:
