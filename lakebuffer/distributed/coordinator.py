@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 
 from .. import predicate
 from .. import samplers as _samplers
+from ..engine.priorities import priority_values
 from ..errors import KeyNotFoundError, LakeBufferError, OptionError
 from ..results import Snapshot
 from ..samplers import _common as c
@@ -256,13 +257,7 @@ class ShardedReplayBuffer:
         checked here first (``OptionError``, nothing set); a key no shard holds raises
         ``KeyNotFoundError``, and then the other shards' keys may already be set."""
         arr = pa.array(key_list(keys), pa.string())
-        values = np.asarray(priority, dtype=np.float64)
-        values = np.full(len(arr), float(values)) if values.ndim == 0 else values.reshape(-1)
-        if len(values) != len(arr):
-            raise OptionError(f"update_priority: {len(arr)} keys but {len(values)} priorities (give one per key or a scalar)")
-        if not np.all(np.isfinite(values) & (values >= 0)):
-            bad = values[~(np.isfinite(values) & (values >= 0))][0]
-            raise OptionError(f"update_priority: priorities must be finite and >= 0, got {bad!r}")
+        values = priority_values(len(arr), priority)
         pos = draw.group_by_shard(self._shard_of_keys(arr), self.num_shards)
         got = self._call(lambda s, i: s.update_priority.remote(arr.take(pa.array(pos[i])), values[pos[i]]),
                          list(pos), retry=False)
