@@ -41,7 +41,7 @@ $(VENV)/.installed-integration: $(VENV)/.installed-dev requirements-integration.
 	touch $@
 
 test-integration: $(VENV)/.installed-integration
-	$(PY) -m pytest -q tests/test_dataset.py tests/integration
+	$(PY) -m pytest -q tests/test_dataset.py tests/test_honest_output.py::test_grpo_example_leaves_no_temp_data tests/integration
 
 # the bench extra: torch (the CPU wheel, pinned first so no CUDA build is pulled) and torchrl for the TorchRL baseline
 $(VENV)/.installed-bench: $(VENV)/.installed-dev pyproject.toml
