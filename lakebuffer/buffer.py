@@ -301,6 +301,20 @@ class ReplayBuffer:
             raise ClosedError("this ReplayBuffer is closed; open it again with ReplayBuffer.open")
         self.tasks.check()
 
+    @property
+    def catalog(self) -> Catalog:
+        """The metadata catalog samplers draw from (``meta``, ``rollouts``): for code that samples
+        this buffer's rows itself, e.g. a shard of a ``ShardedReplayBuffer``."""
+        self._check()
+        return self._catalog
+
+    def record_replays(self, keys: pa.Array) -> None:
+        """Count one replay of each key (repeats count again), as ``sample`` does for what it draws:
+        for keys chosen elsewhere (a sharded buffer's coordinator draws over every shard)."""
+        self._check()
+        self._catalog.record_replays(keys)
+        self._replays.record(keys)
+
     # options kept as attributes (read by tools and tests) -----------------------------------
     @property
     def push_timeout_s(self) -> float:
@@ -391,8 +405,7 @@ class ReplayBuffer:
             else:
                 with catalog.counts_deferred():
                     keys = _samplers.draw(strategy, catalog, n, where, seed)
-            catalog.record_replays(keys)
-            self._replays.record(keys)
+            self.record_replays(keys)
             out = keys if return_keys else self.get(keys, columns)
         if return_info:
             return out, strategy.info(catalog, keys, where)

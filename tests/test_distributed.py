@@ -162,6 +162,39 @@ def test_uniform_weighted_and_group_samples_are_one_round_trip_per_shard(twins):
     for b, a in zip(before, after):
         assert a.get("top", 0) - b.get("top", 0) == 15  # one call per shard per sample, rows included
         assert a.get("meta", 0) == b.get("meta", 0) and a.get("take", 0) == b.get("take", 0)
+        assert a.get("record", 0) == b.get("record", 0)  # the draws' replays rode along with the next call
+    # ... and every read still sees them: the same keys drawn again count one replay more each
+    keys = sharded.sample(8, where="reward > 0.5", seed=99, return_keys=True)
+    first = sharded.get(keys, ["sample_count"]).column(0).to_pylist()
+    assert sharded.sample(8, where="reward > 0.5", seed=99, return_keys=True).equals(keys)
+    again = sharded.get(keys, ["sample_count"]).column(0).to_pylist()
+    assert all(f >= 1 for f in first) and [g - f for f, g in zip(first, again)] == [1] * 8
+
+
+def test_filter_samplers_ship_partial_results_not_metadata(twins):
+    """reward / freshness over a mergeable base: the filter's predicate from per-shard partials
+    (reward values of matching rows, each shard's newest version), then the top-k merge: the same
+    keys as one buffer, no shard's metadata moved, a few bytes a row instead of ~100."""
+    sharded, one = twins
+
+    def calls():
+        return [ray.get(s.call_counts.remote()) for s in sharded.shards]
+
+    sharded.sample(20, seed=1, sampler="success_blend", success_fraction=0.3, max_lag=4, return_keys=True)
+    union_bytes = sharded.last_sample_bytes  # the metadata-union path, for scale
+    before = calls()
+    cases = [dict(sampler="reward", top_fraction=0.3), dict(sampler="reward", top_fraction=0.3, bottom_fraction=0.1),
+             dict(sampler="reward", min_reward=0.6), dict(sampler="reward", top_fraction=0.5, base="prioritized_time"),
+             dict(sampler="freshness", max_lag=2), dict(sampler="freshness", max_lag=1, current_version=5)]
+    for opts in cases:
+        for where in (None, "len(response_ids) = 4 AND reward < 0.9"):
+            for seed in (1, 2):
+                a = sharded.sample(10, where=where, seed=seed, return_keys=True, **opts).to_pylist()
+                assert a == one.sample(10, where=where, seed=seed, return_keys=True, **opts).to_pylist(), (opts, where)
+                assert sharded.last_sample_bytes < 12 * WORLD.num_rows < union_bytes / 5, opts
+    after = calls()
+    assert all(a.get("meta", 0) == b.get("meta", 0) for a, b in zip(after, before))
+    assert all(a.get("partial", 0) - b.get("partial", 0) == 4 * 2 * 2 for a, b in zip(after, before))  # not for fixed cuts
 
 
 def test_reads_wait_for_a_restarting_shard(ray_cluster, tmp_path):

@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 
 from .. import predicate
 from .. import samplers as _samplers
+from ..engine.priorities import priority_values
 from ..errors import KeyNotFoundError, LakeBufferError, OptionError
 from ..results import Snapshot
 from ..samplers import _common as c
@@ -99,6 +100,8 @@ class ShardedReplayBuffer:
         self._schema: pa.Schema | None = None
         self._shares: dict[str, list[float]] = {}
         self._floor = [0] * self.num_shards  # per shard: past the highest key number acknowledged
+        #: Arrow bytes the last ``sample`` received from the shards (candidates, metadata, rows)
+        self.last_sample_bytes = 0
         self._key_pattern = f"^{re.escape(self.run_id)}-shard(?P<s>[0-9]+)-[0-9]+$"
         places, self._pg = _placement.strategies(ray, self.num_shards, placement)
         opts = {"max_restarts": max_restarts, "max_task_retries": 0, "num_cpus": 0}
@@ -113,7 +116,10 @@ class ShardedReplayBuffer:
 
     def _init_local(self) -> None:
         self._union: draw.UnionCatalog | None = None
+        self._partials: draw.UnionCatalog | None = None  # filter samplers' partial results
         self._union_lock = threading.Lock()
+        #: per shard: keys drawn but not yet told to it (sent with its next call, see ``_record``)
+        self._unrecorded: dict[int, list[pa.Array]] = {}
 
     # plumbing ---------------------------------------------------------------------------
     def _get(self, refs: list) -> list:
@@ -137,6 +143,7 @@ class ShardedReplayBuffer:
         deadline = time.monotonic() + self.retry_s
         while True:
             try:
+                self._send_records(idx)
                 return self._get([fn(self._shards[i], i) for i in idx])
             except _ShardDown:
                 if not retry or time.monotonic() > deadline:
@@ -244,6 +251,18 @@ class ShardedReplayBuffer:
     def extend(self, batch: Any) -> pa.Array:
         return self.push(batch)
 
+    def update_priority(self, keys: Sequence[str] | pa.Array, priority: Any) -> int:
+        """``ReplayBuffer.update_priority`` over the shards: each key's priority goes to the shard
+        holding it (one call per shard, in parallel); how many keys were set. The values are
+        checked here first (``OptionError``, nothing set); a key no shard holds raises
+        ``KeyNotFoundError``, and then the other shards' keys may already be set."""
+        arr = pa.array(key_list(keys), pa.string())
+        values = priority_values(len(arr), priority)
+        pos = draw.group_by_shard(self._shard_of_keys(arr), self.num_shards)
+        got = self._call(lambda s, i: s.update_priority.remote(arr.take(pa.array(pos[i])), values[pos[i]]),
+                         list(pos), retry=False)
+        return int(sum(got))
+
     def delete(self, keys: Sequence[str] | None = None, where: str | None = None) -> int:
         ks = list(keys) if keys is not None else None
         return int(sum(self._call(lambda s, i: s.delete.remote(ks, where), retry=False)))
@@ -284,9 +303,13 @@ class ShardedReplayBuffer:
         n = Sampler.check_n(n)
         predicate.check(where)
         cols = list(columns) if columns is not None else None
+        self.last_sample_bytes = 0
         if type(strategy) in (GroupSampler, EpisodeSampler) and self.route == strategy.by:  # units on one shard
             keys, rows = self._sample_groups(strategy, n, where, seed, cols, return_keys)
             info_where, cat = where, None
+        elif (partial := draw.partial_of(strategy)) is not None:  # a filter's predicate, then a top-k merge
+            narrowed = c.combine(where, self._filter_predicate(strategy, partial, where))
+            keys, rows, info_where, cat = *self._sample_top(strategy.base, n, narrowed, seed, cols, return_keys), where, None
         elif draw.is_mergeable(strategy):
             keys, rows, info_where, cat = *self._sample_top(strategy, n, where, seed, cols, return_keys), where, None
         else:
@@ -305,10 +328,13 @@ class ShardedReplayBuffer:
         want = [] if return_keys else cols
 
         def fetch(ks: dict[int, int], count: bool) -> dict[int, dict]:
+            rec = {i: self._take_records(i) for i in ks}  # the last draws' replays ride along
             if uniform:
-                got = self._call(lambda s, i: s.top.remote(ks[i], where, sql_seed, want, count), list(ks))
+                got = self._call(lambda s, i: s.top.remote(ks[i], where, sql_seed, want, count, rec[i]), list(ks))
             else:
-                got = self._call(lambda s, i: s.top_weighted.remote(ks[i], where, strategy, sql_seed, want), list(ks))
+                got = self._call(lambda s, i: s.top_weighted.remote(ks[i], where, strategy, sql_seed, want, rec[i]),
+                                 list(ks))
+            self.last_sample_bytes += sum(g["rows"].nbytes for g in got)
             return dict(zip(ks, got))
 
         def top(m: int, count: bool) -> tuple[pa.Table, list]:
@@ -339,6 +365,19 @@ class ShardedReplayBuffer:
             rows = rows.set_column(i, rows.schema.field(i), live)
         return keys, rows.select(cols if cols is not None else list(self.schema.names))
 
+    def _filter_predicate(self, strategy: Any, partial: str, where: str | None) -> str | None:
+        """``strategy.extra_predicate`` over every shard's rows: run over the union of the shards'
+        ``partial`` results (the rows matching ``where`` already), or alone when it needs none."""
+        if not partial:
+            return strategy.extra_predicate(None, where)
+        parts = self._call(lambda s, i: s.partial.remote(partial, where))
+        self.last_sample_bytes += sum(t.nbytes for t in parts)
+        with self._union_lock:
+            if self._partials is None:
+                self._partials = draw.UnionCatalog(pa.schema([]), [])
+            self._partials.load([(t, False) for t in parts])
+            return strategy.extra_predicate(self._partials.catalog, None)
+
     def _sample_groups(self, strategy: Any, n: int, where: str | None, seed: int | None, cols: list[str] | None,
                        return_keys: bool) -> tuple[pa.Array, pa.Table | None]:
         """Whole groups (episodes), each on one shard (routed by group_id / episode_id): the shards'
@@ -346,7 +385,9 @@ class ShardedReplayBuffer:
         if n == 0:
             keys, shard_of = pa.array([], pa.string()), np.zeros(0, np.int32)
         else:
-            parts = self._call(lambda s, i: s.top_groups.remote(n, where, strategy, seed))
+            rec = {i: self._take_records(i) for i in range(self.num_shards)}
+            parts = self._call(lambda s, i: s.top_groups.remote(n, where, strategy, seed, rec[i]))
+            self.last_sample_bytes += sum(t.nbytes for t in parts)
             keys, shard_of, found = draw.merge_groups(parts, n, strategy.unit == "rows")
             strategy.check_enough(n, found, c.combine(where), "rows" if strategy.unit == "rows" else strategy.unit_name)
         if return_keys:
@@ -355,15 +396,29 @@ class ShardedReplayBuffer:
         pos = draw.group_by_shard(shard_of, self.num_shards)
         # retried like a read: a retry after a restart may count a replay twice, never loses the sample
         got = self._call(lambda s, i: s.take.remote(keys.take(pa.array(pos[i])), cols), list(pos))
+        self.last_sample_bytes += sum(t.nbytes for t in got)
         if not pos:
             empty = self.schema.empty_table()
             return keys, empty.select(cols) if cols is not None else empty
         return keys, draw.assemble(dict(zip(pos, got)), pos)
 
     def _record(self, keys: pa.Array, shard_of: np.ndarray) -> None:
-        """Tell each shard which of its keys were drawn (fire and forget: the shard's next call runs after)."""
+        """Note which of each shard's keys were drawn; the shard counts them before its next call
+        runs (a top-k call carries them, any other call is preceded by a ``record``), so every
+        read sees them and a steady run of samples costs no call of its own to record."""
         for i, idx in draw.group_by_shard(shard_of, self.num_shards).items():
-            self._shards[i].record.remote(keys.take(pa.array(idx)))
+            self._unrecorded.setdefault(i, []).append(keys.take(pa.array(idx)))
+
+    def _take_records(self, i: int) -> pa.Array | None:
+        """Shard ``i``'s drawn keys not yet sent (and forget them: the caller sends them)."""
+        parts = self._unrecorded.pop(i, None)
+        return pa.concat_arrays(parts) if parts else None
+
+    def _send_records(self, shards: Sequence[int]) -> None:
+        """Send pending drawn keys ahead of a call (an actor runs one caller's calls in order)."""
+        for i in shards:
+            if (keys := self._take_records(i)) is not None:
+                self._shards[i].record.remote(keys)
 
     def _union_catalog(self) -> draw.UnionCatalog:
         if self._union is None:
@@ -374,11 +429,12 @@ class ShardedReplayBuffer:
     def _sample_union(self, strategy: Any, n: int, where: str | None, seed: int | None, cols: list[str] | None,
                       return_keys: bool) -> tuple[pa.Array, pa.Table | None, str | None, Any]:
         parts = self._call(lambda s, i: s.meta.remote(where))
+        self.last_sample_bytes += sum(t.nbytes + pr.nbytes for t, _, pr in parts)
         tagged = [(t.append_column("_shard", pa.array(np.full(t.num_rows, i, np.int32))), p)
-                  for i, (t, p) in enumerate(parts)]
+                  for i, (t, p, _) in enumerate(parts)]
         with self._union_lock:
             union = self._union_catalog()
-            payload = union.load(tagged)
+            payload = union.load(tagged, [pr for _, _, pr in parts])
             w = "_match" if payload else where
             keys = union.draw(strategy, n, w, seed)
         known = pa.concat_arrays([t.column("key").combine_chunks() for t, _ in tagged])
@@ -390,6 +446,7 @@ class ShardedReplayBuffer:
         pos = draw.group_by_shard(shard_of, self.num_shards)
         # retried like a read: a retry after a restart may count a replay twice, never loses the sample
         got = self._call(lambda s, i: s.take.remote(keys.take(pa.array(pos[i])), cols), list(pos))
+        self.last_sample_bytes += sum(t.nbytes for t in got)
         rows = draw.assemble(dict(zip(pos, got)), pos)
         if not pos:
             rows = self.schema.empty_table()
@@ -463,15 +520,18 @@ class ShardedReplayBuffer:
                 ray.kill(s, no_restart=True)
             _placement.release(ray, self._pg)
             self._pg = None
-            if self._union is not None:
-                self._union.close()
-                self._union = None
+            for name in ("_union", "_partials"):
+                if getattr(self, name) is not None:
+                    getattr(self, name).close()
+                    setattr(self, name, None)
 
     def __getstate__(self) -> dict:
         """Picklable (actor handles travel), so a producer task elsewhere can ``push`` (``route="local"``)."""
         state = dict(self.__dict__)
         state.pop("_union", None)
+        state.pop("_partials", None)
         state.pop("_union_lock", None)
+        state.pop("_unrecorded", None)  # the original sends them
         return state
 
     def __setstate__(self, state: dict) -> None:

@@ -34,11 +34,13 @@ import pyarrow.compute as pc
 
 from .. import samplers as _samplers
 from ..catalog import Catalog
-from ..resources import render_sql
+from ..resources import render_sql, sql_text
 from ..samplers import _common as c
 from ..samplers.base import Sampler
+from ..samplers.freshness import FreshnessSampler
 from ..samplers.prioritized_time import PrioritizedTimeSampler
 from ..samplers.priority import PrioritySampler
+from ..samplers.reward import RewardSampler
 from ..samplers.uniform import UniformSampler
 
 #: per predicate shape: each shard's share of the last uniform draw (sizes the next ``k_i``)
@@ -64,6 +66,27 @@ def is_mergeable(strategy: Sampler) -> bool:
     if type(strategy) is UniformSampler:
         return True
     return type(strategy) in (PrioritizedTimeSampler, PrioritySampler) and not strategy.replacement
+
+
+#: per-shard partial results a filter sampler's predicate is computed from over every shard (the
+#: templates shards may run for ``partial``): each is a table over the shard's rows matching where
+PARTIALS = frozenset({"shard_reward_values", "shard_max_version"})
+
+
+def partial_of(strategy: Sampler) -> str | None:
+    """For a filter answered as its predicate then a top-k merge (``reward``, ``freshness`` over a
+    mergeable base): the partial result its predicate needs from each shard (in ``PARTIALS``), or
+    ``""`` when it needs none (a fixed ``min_reward`` / ``current_version``); None for other samplers.
+
+    Exact: the filter's own ``extra_predicate`` runs over the union of the partials (the reward
+    of every matching row for a quantile cut, each shard's newest version for the newest), then
+    the base sampler draws over the narrowed ``where`` with the same seed, as ``FilteredSampler``
+    does over one buffer. ``max_reuse`` stays on the union path (its counts must be live)."""
+    if type(strategy) not in (RewardSampler, FreshnessSampler) or not is_mergeable(strategy.base):
+        return None
+    if isinstance(strategy, RewardSampler):
+        return "" if strategy.min_reward is not None else "shard_reward_values"
+    return "" if strategy.current_version is not None else "shard_max_version"
 
 
 def merge_groups(parts: Sequence[pa.Table], n: int, rows_unit: bool) -> tuple[pa.Array, np.ndarray, int]:
@@ -192,13 +215,24 @@ class UnionCatalog:
 
     def __init__(self, schema: pa.Schema, meta_columns: list[str]) -> None:
         self.catalog = Catalog(schema, meta_columns, native_meta=False)
+        self.catalog.con.execute(sql_text("priority_table"))  # the shards' update_priority values
+        self.catalog.keeps_priorities = True
 
-    def load(self, parts: Sequence[tuple[pa.Table, bool]]) -> bool:
-        """Serve ``parts`` (the shards' ``meta`` answers) as ``meta``; True if ``_match`` is the where."""
+    def load(self, parts: Sequence[tuple[pa.Table, bool]], priorities: Sequence[pa.Table] = ()) -> bool:
+        """Serve ``parts`` (the shards' ``meta`` answers) as ``meta`` and ``priorities`` (theirs)
+        as ``priorities``; True if ``_match`` is the where."""
         tables = [t for t, _ in parts]
         union = pa.concat_tables(tables, promote_options="default") if tables else pa.table({})
         self.catalog.define_views({"__sharded_meta": union},
                                   [render_sql("sharded_meta_view", source="__sharded_meta")])
+        prios = (pa.concat_tables(list(priorities)) if priorities
+                 else pa.table({"key": pa.array([], pa.string()), "priority": pa.array([], pa.float64())}))
+        with self.catalog.lock:
+            self.catalog.con.register("__sharded_priorities", prios)
+            try:
+                self.catalog.con.execute(render_sql("sharded_priorities_load", source="__sharded_priorities"))
+            finally:
+                self.catalog.con.unregister("__sharded_priorities")
         return any(payload for _, payload in parts)
 
     def draw(self, strategy: Sampler, n: int, where: str | None, seed: int | None) -> pa.Array:

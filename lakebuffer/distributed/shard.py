@@ -12,9 +12,13 @@ would on a real cluster; restarted on its own node it reopens its directory (WAL
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import gc
 import os
-from collections import Counter
+import time
+from collections import Counter, deque
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +33,7 @@ from ..resources import render_sql
 from ..results import Snapshot
 from ..samplers import _common as c
 from ..samplers.base import Sampler
+from .draw import PARTIALS
 
 
 class ShardError(LakeBufferError, RuntimeError):
@@ -72,6 +77,10 @@ class Shard:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.durable = durable
         self.calls: Counter[str] = Counter()  # sampling calls served (round trips per global sample)
+        #: per top-k call served: (wall s, CPU s, s in GC pauses), the newest 4,096 (benchmarks)
+        self._served: deque[tuple[float, float, float]] = deque(maxlen=4096)
+        self._gc_s, self._gc_t0 = 0.0, 0.0
+        gc.callbacks.append(self._on_gc)
         # a restart (on another node after a node loss) takes over the run from its dead incarnation
         kw = {**open_kwargs, "takeover": True} if reconstructed() else open_kwargs
         self.buf = ReplayBuffer.open(self.path, **kw)
@@ -89,13 +98,16 @@ class Shard:
             self.buf.snapshot(wait=True)
         return keys
 
+    def update_priority(self, keys: pa.Array, priority: np.ndarray) -> int:
+        return self.buf.update_priority(keys, priority)
+
     def delete(self, keys: list[str] | None, where: str | None) -> int:
         return self.buf.delete(keys=keys, where=where)
 
     def record(self, keys: pa.Array) -> None:
         """Count one replay of each key (repeats count again), as ``ReplayBuffer.sample`` does."""
-        self.buf._catalog.record_replays(keys)
-        self.buf._replays.record(keys)
+        self.calls["record"] += 1
+        self.buf.record_replays(keys)
 
     # reads ----------------------------------------------------------------------------------
     def count(self, where: str | None) -> int:
@@ -104,26 +116,38 @@ class Shard:
     def schema(self) -> pa.Schema:
         return self.buf.schema
 
-    def meta(self, where: str | None) -> tuple[pa.Table, bool]:
-        """Every live row's metadata; ``(table, True)`` with a ``_match`` column when ``where``
-        needs payload columns (evaluated here, where the payload is)."""
+    def meta(self, where: str | None) -> tuple[pa.Table, bool, pa.Table]:
+        """Every live row's metadata, whether it has a ``_match`` column (when ``where`` needs
+        payload columns: evaluated here, where the payload is), and the priorities
+        ``update_priority`` set here (key, priority)."""
         self.calls["meta"] += 1
-        cat = self.buf._catalog
+        cat = self.buf.catalog
         pred = predicate.check(where)
         cat.sync()
+        prios = cat.query(render_sql("shard_priorities"), sync=False)
         if pred == "TRUE" or cat.source_for(pred) == "meta":
-            return cat.query(render_sql("shard_meta")), False
-        return cat.query(render_sql("shard_meta_match", where=pred)), True
+            return cat.query(render_sql("shard_meta")), False, prios
+        return cat.query(render_sql("shard_meta_match", where=pred)), True, prios
 
-    def top(self, k: int, where: str | None, seed: int, columns: list[str] | None, count: bool) -> dict[str, Any]:
-        """The ``k`` matching rows of smallest seeded key hash (``UniformSampler``'s order), with
-        ``h``, the requested columns, whether fewer than ``k`` exist, and (``count``) how many match."""
-        self.calls["top"] += 1
-        cat = self.buf._catalog
+    def partial(self, template: str, where: str | None) -> pa.Table:
+        """A filter sampler's partial result here (``draw.partial_of``): ``template`` (one of
+        ``draw.PARTIALS``) over this shard's rows matching ``where``."""
+        if template not in PARTIALS:
+            raise ValueError(f"not a shard partial: {template!r}")
+        self.calls["partial"] += 1
+        cat = self.buf.catalog
         pred = predicate.check(where)
         cat.sync()
         with cat.lock, cat.counts_deferred():
             source, full = c.resolve(cat, pred)
+            return cat.query(render_sql(template, source=source, where=full), sync=False)
+
+    def top(self, k: int, where: str | None, seed: int, columns: list[str] | None, count: bool,
+            record: pa.Array | None = None) -> dict[str, Any]:
+        """The ``k`` matching rows of smallest seeded key hash (``UniformSampler``'s order), with
+        ``h``, the requested columns, whether fewer than ``k`` exist, and (``count``) how many match.
+        ``record``: keys earlier draws took from this shard, counted first (see ``record``)."""
+        with self._serving(where, record) as (cat, source, full):
             rows, exhausted = c.smallest_by_hash(
                 cat, k, template="sample_threshold",
                 fields={"source": source, "where": full, "h": c.key_hash(cat, source, seed)},
@@ -135,28 +159,41 @@ class Shard:
         return self._with_columns(rows, k, columns, exhausted) | {"total": total}
 
     def top_weighted(self, k: int, where: str | None, strategy: Any, seed: int,
-                     columns: list[str] | None) -> dict[str, Any]:
+                     columns: list[str] | None, record: pa.Array | None = None) -> dict[str, Any]:
         """The ``k`` rows a ``WeightedSampler`` without replacement ranks first here (its
         Efraimidis-Spirakis key as ``h``; this shard's ``update_priority`` values apply)."""
-        self.calls["top"] += 1
-        cat = self.buf._catalog
-        pred = predicate.check(where)
-        cat.sync()
-        with cat.lock, cat.counts_deferred():
-            source, full = c.resolve(cat, pred)
+        with self._serving(where, record) as (cat, source, full):
             sql = render_sql("shard_weighted_top", source=source, where=full, n=k, u=c.uniform01("hh"),
-                             h=c.key_hash(cat, source, seed), logw=strategy.log_weight(cat, source, pred))
+                             h=c.key_hash(cat, source, seed), logw=strategy.log_weight(cat, source, full))
             rows = cat.query(sql, sync=False)
         return self._with_columns(rows, k, columns, False) | {"total": None}
 
-    def top_groups(self, n: int, where: str | None, strategy: Any, seed: int | None) -> pa.Table:
+    @contextlib.contextmanager
+    def _serving(self, where: str | None, record: pa.Array | None) -> Iterator[tuple[Any, str, str]]:
+        """A top-k call's common part: counted and timed, earlier draws recorded, the catalog
+        synced and locked with replay counts deferred; yields (catalog, source, checked where)."""
+        self.calls["top"] += 1
+        t0, c0, g0 = time.perf_counter(), time.process_time(), self._gc_s
+        if record is not None:
+            self.buf.record_replays(record)
+        cat = self.buf.catalog
+        pred = predicate.check(where)
+        cat.sync()
+        with cat.lock, cat.counts_deferred():
+            yield (cat, *c.resolve(cat, pred))
+        self._served.append((time.perf_counter() - t0, time.process_time() - c0, self._gc_s - g0))
+
+    def top_groups(self, n: int, where: str | None, strategy: Any, seed: int | None,
+                   record: pa.Array | None = None) -> pa.Table:
         """This shard's first ``n`` groups (rows: enough groups for ``n`` rows) as ``strategy`` (a
         ``GroupSampler``) orders them for ``seed``: ``key``, ``g`` (the group) and ``gh`` (its
-        seeded hash), in the sampler's order; fewer when this shard has fewer."""
+        seeded hash), in the sampler's order; fewer when this shard has fewer. ``record``: as ``top``."""
         self.calls["top"] += 1
+        if record is not None:
+            self.buf.record_replays(record)
         part = copy.copy(strategy)
         part.allow_fewer = True
-        cat = self.buf._catalog
+        cat = self.buf.catalog
         cat.sync()
         with cat.counts_deferred():
             keys = _samplers.draw(part, cat, n, where, seed)
@@ -180,7 +217,7 @@ class Shard:
 
     def find(self, keys: pa.Array, columns: list[str] | None) -> pa.Table:
         """The rows of those ``keys`` this shard holds (the others are skipped, not an error)."""
-        cat = self.buf._catalog
+        cat = self.buf.catalog
         held = cat.query(render_sql("shard_known_keys"), wanted=pa.table({"key": keys})).column("key")
         return self.buf.get(held.combine_chunks(), columns)
 
@@ -208,9 +245,22 @@ class Shard:
     def call_counts(self) -> dict[str, int]:
         return dict(self.calls)
 
+    def served(self) -> list[tuple[float, float, float]]:
+        """(wall s, CPU s, GC pause s) of each top-k call served, oldest first (where a global
+        sample's tail comes from: this shard's own cost vs scheduling and transfer)."""
+        return list(self._served)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_t0 = time.perf_counter()
+        else:
+            self._gc_s += time.perf_counter() - self._gc_t0
+
     def where(self) -> tuple[str, int]:
         """(node id, pid): where this shard runs now."""
         return self.node, os.getpid()
 
     def close(self) -> None:
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(self._on_gc)
         self.buf.close()

@@ -18,20 +18,25 @@ from ..schema import key_list
 from .state import BufferState
 
 
+def priority_values(n: int, priority: float | Sequence[float] | object) -> np.ndarray:
+    """One finite, non-negative priority for each of ``n`` keys (a scalar is repeated), else
+    ``OptionError`` (also checked by a sharded buffer before any shard is asked)."""
+    values = np.asarray(priority, dtype=np.float64)
+    values = np.full(n, float(values)) if values.ndim == 0 else values.reshape(-1)
+    if len(values) != n:
+        raise OptionError(f"update_priority: {n} keys but {len(values)} priorities (give one per key or a scalar)")
+    if not np.all(np.isfinite(values) & (values >= 0)):
+        bad = values[~(np.isfinite(values) & (values >= 0))][0]
+        raise OptionError(f"update_priority: priorities must be finite and >= 0, got {bad!r}")
+    return values
+
+
 def update_priority(s: BufferState, keys: Sequence[str] | pa.Array, priority: float | Sequence[float] | object) -> int:
     """Set the priority of each key (a scalar for all, or one value per key); how many were set."""
     names = key_list(keys)
-    values = np.asarray(priority, dtype=np.float64)
-    if values.ndim == 0:
-        values = np.full(len(names), float(values))
-    values = values.reshape(-1)
-    if len(values) != len(names):
-        raise OptionError(f"update_priority: {len(names)} keys but {len(values)} priorities (give one per key or a scalar)")
+    values = priority_values(len(names), priority)
     if len(names) == 0:
         return 0
-    if not np.all(np.isfinite(values)) or np.any(values < 0):
-        bad = values[~(np.isfinite(values) & (values >= 0))][0]
-        raise OptionError(f"update_priority: priorities must be finite and >= 0, got {bad!r}")
     _, _, found = s.index.lookup(names)
     if not found.all():
         missing = names[int(np.flatnonzero(~found)[0])]

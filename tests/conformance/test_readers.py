@@ -194,6 +194,28 @@ class ReaderSuite:
             with pytest.raises(lb.QueryError):
                 next(iter(reader.scan(where=where)))
 
+    def test_update_priority_steers_the_priority_sampler(self, reader):
+        """Priorities set by key reach the sampler wherever the row lives (a shard: routed by key),
+        with and without replacement (the sharded reader's top-k merge and its metadata union)."""
+        if self.kind in READ_ONLY:
+            pytest.skip("a read-only reader has no update_priority")
+        keys = keys_of(reader, 3, seed=11)
+        assert reader.update_priority(keys[:2], [1e12, 1e12]) == 2
+        assert reader.update_priority(keys[2:], 0.0) == 1
+        opts = dict(sampler="priority", priority="1.0")  # every other row: weight 1
+        assert sorted(keys_of(reader, 2, seed=12, **opts)) == sorted(keys[:2])
+        drawn = keys_of(reader, 40, seed=13, replacement=True, **opts)
+        assert set(drawn) <= set(keys[:2]) and len(drawn) == 40
+        assert keys[2] not in keys_of(reader, DATA.num_rows - 1, seed=14, **opts)  # priority 0: never drawn
+        missing = f"{keys[0].rsplit('-', 1)[0]}-9999999999"
+        with pytest.raises(lb.KeyNotFoundError):
+            reader.update_priority([missing], 1.0)
+        with pytest.raises(lb.OptionError):
+            reader.update_priority(keys[:2], [1.0])
+        with pytest.raises(lb.OptionError):
+            reader.update_priority(keys[:1], -1.0)
+        reader.update_priority(keys, 1.0)  # as every other row again
+
     def test_read_only_readers_refuse_writes(self, reader):
         if self.kind not in READ_ONLY:
             pytest.skip("a writable reader")
