@@ -330,7 +330,9 @@ def test_warm_to_cold_follows_the_eviction_priority(tmp_path):
     with _open(path, lake, evict="policy_version") as buf:
         _fill(buf, batches=48)
         versions = buf.sql("SELECT DISTINCT policy_version v FROM cold_rows ORDER BY v").column("v").to_pylist()
-        local = buf.sql("SELECT DISTINCT policy_version v FROM warm ORDER BY v").column("v").to_pylist()
+        # local = hot or warm (rows still in RAM are local too: how many wait for write-back depends on timing)
+        local = buf.sql("SELECT DISTINCT policy_version v FROM rollouts WHERE key NOT IN (SELECT key FROM cold_rows) "
+                        "ORDER BY v").column("v").to_pylist()
         assert versions and local
         assert min(versions) < max(local)  # low priorities left local disk first
         assert min(versions) == 0 and max(local) == 4
