@@ -161,16 +161,36 @@ def test_get_projection_returns_only_asked_columns_in_key_order(tmp_path):
 
 
 def _read_kb() -> int:
-    """Bytes this process has read by read/pread system calls (``rchar``; warm reads are positioned reads)."""
+    """Bytes this process has read by read/pread system calls (``rchar``; warm reads are positioned reads),
+    plus what the warm reader asked the kernel to copy out of its maps (``vmread``: not in ``rchar``)."""
     for line in open("/proc/self/io"):
         if line.startswith("rchar:"):
-            return int(line.split()[1]) // 1024
+            return (int(line.split()[1]) + _VM_COPIED[0]) // 1024
     return 0
 
 
-def test_asking_for_reward_does_not_read_response_ids_from_disk(tmp_path):
-    """Reads read only the asked columns' bytes. (A fragment's first read in a process checks its
-    whole file against its checksum: switched off here to see what a read itself reads.)"""
+_VM_COPIED = [0]
+
+
+@pytest.mark.parametrize("path", ["vmread", "preadv"])
+def test_asking_for_reward_does_not_read_response_ids_from_disk(tmp_path, monkeypatch, path):
+    """Reads read only the asked columns' bytes, on both warm read paths (copies from the maps by
+    ``process_vm_readv``, counted as they are asked; ``preadv`` where the kernel refuses that). A fragment's
+    first read in a process checks its whole file against its checksum: switched off here to see what a
+    read itself reads."""
+    from lakebuffer.tiers import vmread
+
+    if path == "preadv":
+        monkeypatch.setattr(vmread, "_usable", False)
+    else:
+        assert vmread.available(), "process_vm_readv refused here: only the preadv path is tested"
+        real = vmread.copy
+
+        def counted(out, addr, n):
+            _VM_COPIED[0] += int(n.sum())
+            return real(out, addr, n)
+
+        monkeypatch.setattr(vmread, "copy", counted)
     with open_buf(tmp_path, memory_limit_mb=1) as buf:
         keys = buf.push(make_rollouts(1000, tokens=2048)).to_pylist()  # big: straight to warm
     with open_buf(tmp_path, memory_limit_mb=1) as buf:
