@@ -71,11 +71,36 @@ def serialized(cls: type) -> type:
     return cls
 
 
+def remove_stale_sockets(directory: str | None = None) -> list[str]:
+    """Unlink the socket files of stores whose process is gone (a SIGKILLed store cannot remove its own);
+    a live process's file, or one whose pid cannot be checked, stays. Returns the paths removed."""
+    directory = directory or tempfile.gettempdir()
+    removed = []
+    for name in os.listdir(directory):
+        parts = name.split("-")
+        if not (name.startswith("lakebuffer-") and name.endswith(".sock") and len(parts) == 3 and parts[1].isdigit()):
+            continue
+        try:
+            os.kill(int(parts[1]), 0)
+            continue  # alive (or pid reused: leave it)
+        except ProcessLookupError:
+            pass
+        except OSError:
+            continue  # another user's process: not ours to judge
+        try:
+            os.unlink(os.path.join(directory, name))
+            removed.append(os.path.join(directory, name))
+        except FileNotFoundError:
+            pass
+    return removed
+
+
 class WireServer:
     """Serves ``target``'s methods on a Unix socket, in a daemon thread of the store actor."""
 
     def __init__(self, target: Any) -> None:
         self.target = target
+        remove_stale_sockets()  # what stores killed before us left behind
         self.ctx = zmq.Context(1)
         self.path = os.path.join(tempfile.gettempdir(), f"lakebuffer-{os.getpid()}-{uuid.uuid4().hex[:8]}.sock")
         self.address = f"ipc://{self.path}"
