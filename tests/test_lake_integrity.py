@@ -149,3 +149,52 @@ def _run(run: str, n: int):
     import pyarrow as pa
 
     return pa.array([run] * n, pa.string())
+
+
+def _stale_first(lake, stale, times: int = 1) -> None:
+    """The lake's next ``times`` calls of ``delta.table()`` return ``stale`` (a writer that read the table
+    before another writer's commit), later ones the real table."""
+    real = lake.delta.table
+    first = iter([stale] * times)
+    lake.delta.table = lambda version=None: (next(first, None) if version is None else None) or real(version)
+
+
+def test_a_commit_racing_another_runs_schema_change_lands_once(tmp_path):
+    """delta-rs refuses an append that raced a metadata change (another run widening the table, or
+    creating it): the append touches nothing of that commit, so it is committed again on top of it,
+    once (seen as a flaky snapshot of a sharded buffer whose shards commit to one lake)."""
+    import pyarrow as pa
+
+    from lakebuffer.lake import Lake
+
+    url = str(tmp_path / "lake")
+    a, b = Lake(url), Lake(url)
+    a.commit_snapshot("a", [make_rollouts(10, seed=1).append_column("key", _keys("x", 10)).append_column("run_id", _run("a", 10))])
+    stale = b.delta.table()
+    wide = make_rollouts(10, seed=2).append_column("key", _keys("w", 10)).append_column("run_id", _run("a", 10))
+    a.commit_snapshot("a", [wide.append_column("judge_score", pa.array([0.5] * 10))])  # a metaData commit
+    _stale_first(b, stale)
+    b.commit_snapshot("b", [make_rollouts(10, seed=3).append_column("key", _keys("z", 10)).append_column("run_id", _run("b", 10))])
+    c = Lake(url)
+    assert c.snapshots("b") == [1] and c.dataset("b").count_rows() == 10
+    assert c.dataset("a").count_rows() == 20 and "judge_score" in c.delta.table().schema().to_arrow().names
+
+
+def test_a_compaction_racing_a_delete_of_its_files_is_refused_not_retried(tmp_path):
+    """A commit that removes files is committed again only while every file it removes is still live:
+    a compaction that read the run before a delete rewrote one of its files would bring deleted rows
+    back (and duplicate the rest), so it fails and commits nothing."""
+    from lakebuffer.lake import Lake
+
+    url = str(tmp_path / "lake")
+    a, b = Lake(url), Lake(url)
+    for s in range(3):
+        a.commit_snapshot("r", [make_rollouts(10, seed=s).append_column("key", _keys(f"k{s}", 10)).append_column("run_id", _run("r", 10))])
+    stale = b.delta.table()
+    a.commit_snapshot("r", [], deleted_keys=["k0-3"])  # removes the file holding k0-3, adds it back without
+    _stale_first(b, stale, times=2)  # compact() plans, then each run's compaction reads the table
+    with pytest.raises(lb.LakeError, match="concurrent commit"):
+        b.compact("r", target_file_bytes=2**30)
+    c = Lake(url)
+    keys = c.dataset("r").to_table(columns=["key"]).column("key").to_pylist()
+    assert len(keys) == len(set(keys)) == 29 and "k0-3" not in keys

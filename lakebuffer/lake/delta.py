@@ -24,6 +24,7 @@ import json
 import os
 import threading
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction
@@ -37,6 +38,7 @@ from .layout import DELTA_LOG, PARTITION_COLUMNS, PARTITION_FIELDS, now
 
 DOC_KEY = "lakebuffer"
 TABLE_CONFIG = {"delta.enableExpiredLogCleanup": "false"}
+COMMIT_ATTEMPTS = 5  # a commit that lost a race to an unrelated commit of another writer is tried again
 
 
 def app_id(run_id: str) -> str:
@@ -235,22 +237,30 @@ class DeltaLog:
                     commit_properties=props,
                 )
                 return self.table(), doc
-            except LakeError as e:
+            except (LakeError, CommitFailedError) as e:
                 dt = self.table()
-                if dt is None or "exist" not in str(e).lower():
+                if dt is None or not (isinstance(e, CommitFailedError) or "exist" in str(e).lower()):
                     raise
                 # created concurrently by another writer: append to it instead
-        self.evolve(dt, schema)
-        self._call(
-            "committing to the Delta table",
-            dt.create_write_transaction,
-            [*adds, *removes],
-            mode="append",
-            schema=dt.schema(),  # the table's (evolved) schema: a run may lack columns
-            partition_by=PARTITION_COLUMNS,
-            commit_properties=props,
-        )
-        return self.table(), doc
+        for attempt in range(COMMIT_ATTEMPTS):
+            self.evolve(dt, schema)
+            try:
+                self._call(
+                    "committing to the Delta table",
+                    dt.create_write_transaction,
+                    [*adds, *removes],
+                    mode="append",
+                    schema=dt.schema(),  # the table's (evolved) schema: a run may lack columns
+                    partition_by=PARTITION_COLUMNS,
+                    commit_properties=props,
+                )
+                return self.table(), doc
+            except CommitFailedError:
+                fresh = self.table()
+                if attempt + 1 == COMMIT_ATTEMPTS or fresh is None or not still_valid(fresh, removes, txn):
+                    raise
+                dt = fresh  # a commit of another writer that does not touch ours: commit again on top of it
+        raise AssertionError("unreachable")
 
     def evolve(self, dt: DeltaTable, schema: pa.Schema) -> None:
         """Add the columns of ``schema`` the table does not have yet (a run with extra columns)."""
@@ -260,6 +270,19 @@ class DeltaLog:
             fields = DeltaSchema.from_arrow(pa.schema([f.with_nullable(True) for f in extra])).fields
             self._call("adding columns to the Delta table", dt.alter.add_columns, fields)
             dt.update_incremental()
+
+
+def still_valid(dt: DeltaTable, removes: list[RemoveAction], txn: tuple[str, int] | None) -> bool:
+    """Whether a commit that lost a race can be committed again on top of ``dt`` unchanged: no other
+    writer claimed its snapshot id, and every file it removes is still live. delta-rs' conflict checker
+    also refuses appends that race a metadata change (a table created or widened by another writer, at
+    the same time), which changes nothing for these actions."""
+    if txn is not None and (dt.transaction_version(app_id(txn[0])) or 0) >= txn[1]:
+        return False
+    if not removes:
+        return True
+    live = {unquote(p) for p in pa.table(dt.get_add_actions(flatten=False)).column("path").to_pylist()}
+    return all(unquote(r.path) in live for r in removes)
 
 
 def table_schema(row_schema: pa.Schema) -> pa.Schema:
