@@ -5,7 +5,7 @@ an active exception`` at its own exit. The cause: a daemon thread inside a DuckD
 ``sample``, a ``scan`` fetch, or a DuckDB object's destructor) when the interpreter finalizes:
 re-taking the GIL there ``pthread_exit``s the thread through a ``noexcept`` C++ frame.
 
-usage: python -m tests.exit_reader_child DIR sql|scan|sample|spawn_kill
+usage: python -m tests.exit_reader_child DIR sql|scan|sample|spawn_kill|held
 """
 
 from __future__ import annotations
@@ -34,18 +34,24 @@ def main() -> None:
     for i in range(12):
         buf.push(make_rollouts(64, tokens=256, seed=i))
 
-    def loop() -> None:
+    def loop(first: bool) -> None:
+        if what == "held" and first:  # inside a read's critical section (the state lock) when exit begins, as a scan's setup
+            with buf._state.lock:
+                buf._state.tasks.submit(0, lambda: buf._state.lock.acquire() and buf._state.lock.release(),
+                                        name="needs the state lock")  # as a periodic snapshot's step does
+                time.sleep(0.6)
+                buf.sql("SELECT count(*) FROM rollouts")
         while True:
             if what in ("sql", "spawn_kill"):
                 buf.sql("SELECT sum(len(response_ids)) FROM rollouts")
-            elif what == "scan":
+            elif what in ("scan", "held"):
                 for _ in buf.scan(columns=["response_ids"]):
                     pass
             else:
                 buf.get(buf.sample(64, return_keys=True), columns=["response_ids"])
 
-    for _ in range(2):
-        threading.Thread(target=loop, daemon=True).start()
+    for i in range(2):
+        threading.Thread(target=loop, args=(i == 0,), daemon=True).start()
     time.sleep(0.3)
     print("exiting", flush=True)  # with the threads inside the buffer and the buffer not closed
 

@@ -480,3 +480,25 @@ def test_grpo_example_runs(tmp_path):
     res = grpo_loop.main(["--steps", "4", "--updates", "2", "--prompts", "8", "--group", "4", "--batch-size", "16",
                           "--dir", str(tmp_path)])
     assert res["offline_rows"] >= 0 and (tmp_path / "lake").exists()
+
+
+def test_a_buffers_reads_and_shuffle_buffer_are_sized_by_its_memory_budget(tmp_path):
+    """Issue 16 at 16x the budget: a shuffled pass over a buffer holds one read batch plus the shuffle
+    buffer; with the fixed 16 MiB / 64 MiB defaults that was ~80 MB at a 16 MB budget (the cold-path
+    memory test's `dataset` phase reached 418-423 MB against its 383 MB bound). A buffer's reads are
+    1/16 of its budget (as its scans) and its shuffle buffer half of it; sources without a budget keep
+    the defaults."""
+    from lakebuffer import ReplayBuffer
+    from tests.rollouts import make_rollouts
+
+    with ReplayBuffer.open(tmp_path / "b", memory_limit_mb=16, snapshot_interval_s=0) as buf:
+        for i in range(8):
+            buf.push(make_rollouts(256, tokens=1024, seed=i))
+        width = buf.row_bytes(["key", "response_ids"])
+        stats = IterStats()
+        keys = [k for b in iter_batches(buf, columns=["key", "response_ids"], batch_size=64, shuffle=True, stats=stats)
+                for k in b.column("key").to_pylist()]
+        assert sorted(keys) == sorted(buf.sql("SELECT key FROM rollouts").column(0).to_pylist())
+        assert stats.read_rows * width <= (16 << 20) // 16 * 1.01, (stats.read_rows, width)
+        assert stats.shuffle_rows == 1024 or stats.shuffle_rows * width <= (16 << 20) // 2 * 1.01
+        assert stats.max_rows_held * width <= (16 << 20) * 0.75

@@ -35,7 +35,7 @@ def _check(res: subprocess.CompletedProcess) -> None:
 
 
 @fast_and_full("children", 1, 12)
-@pytest.mark.parametrize("what", ["sql", "scan", "sample", "spawn_kill"])
+@pytest.mark.parametrize("what", ["sql", "scan", "sample", "spawn_kill", "held"])
 def test_exit_with_reader_threads_inside_the_buffer_is_clean(tmp_path, what, children):
     for i in range(children):
         _check(_child(tmp_path / str(i), what))

@@ -152,6 +152,15 @@ def _rebatch(batches: Iterable[pa.RecordBatch], batch_size: int, rng: np.random.
         yield from _Drain(pending, held, end, batch_size, rng)
 
 
+def _sizes(src: Any) -> tuple[int, int]:
+    """(read batch bytes, shuffle buffer bytes): the defaults, within a source's memory budget when it
+    has one (a buffer: a read batch of 1/16 of it, as its own scans, and a shuffle buffer of half)."""
+    budget = getattr(src, "memory_bytes", lambda: None)()
+    if not budget:
+        return _READ_BYTES, _SHUFFLE_BYTES
+    return min(_READ_BYTES, max(budget // 16, 1 << 20)), min(_SHUFFLE_BYTES, max(budget // 2, 4 << 20))
+
+
 def iter_batches(
     source: Any,
     where: str | pc.Expression | None = None,
@@ -187,14 +196,15 @@ def iter_batches(
                                         shuffle=shuffle, shard_by=shard_by)
     stats.mode, stats.units = mode, len(units)
     width = src.row_bytes(cols)
-    rows = read_rows or (int(min(max(_READ_BYTES / width, 64), 65536)) if width else 4096)
+    read_bytes, shuffle_bytes = _sizes(src)
+    rows = read_rows or (int(min(max(read_bytes / width, 64), 65536)) if width else 4096)
     stats.read_rows = rows
 
     def shuffle_rows(first: pa.RecordBatch) -> int:
         if shuffle_buffer:
             return int(shuffle_buffer)
         w = width or (first.nbytes / max(first.num_rows, 1))
-        return int(min(max(_SHUFFLE_BYTES / max(w, 1), 1024), 1 << 20))
+        return int(min(max(shuffle_bytes / max(w, 1), 1024), 1 << 20))
 
     rng = np.random.default_rng(seed_int(seed, epoch, shard, num_shards)) if shuffle else None
     batches = src.read(units, columns=cols, predicate=pred, batch_rows=rows, shard=row_shard)

@@ -66,8 +66,12 @@ class BufferSource:
         return [Unit("snapshot")]
 
     def row_bytes(self, columns: Sequence[str]) -> float | None:
-        measure = getattr(self.buffer, "row_bytes", None)  # sizes each read to ~16 MiB, not 4,096 rows
+        measure = getattr(self.buffer, "row_bytes", None)  # sizes each read in bytes, not 4,096 rows
         return measure(columns) if measure is not None else None
+
+    def memory_bytes(self) -> int | None:
+        """The buffer's memory budget: reads and the shuffle buffer are sized within it."""
+        return getattr(self.buffer, "memory_limit_bytes", None)
 
     def read(self, units, *, columns, predicate, batch_rows, shard):
         if not units:

@@ -7,7 +7,6 @@ this object instead of reaching into the facade.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ import pyarrow as pa
 
 from ..catalog import Catalog
 from ..index import BatchInfo, KeyIndex
+from ..lake.runtime import StateLock
 from ..tiers import HotTier, WarmTier, WriteAheadLog
 from ..tiers.cold import ColdTier
 from .readgate import ReadGate
@@ -36,7 +36,7 @@ class BufferState:
     wal: WriteAheadLog
     catalog: Catalog
     tasks: TaskQueue
-    lock: threading.RLock = field(default_factory=threading.RLock)
+    lock: StateLock = field(default_factory=StateLock)  # the exit hook knows its holders (lake/runtime)
     batches: dict[int, BatchInfo] = field(default_factory=dict)
     cold: ColdTier | None = None  # rows only the lake holds (``engine/diskbudget`` moves them there)
     served: dict[str, int] = field(default_factory=lambda: {"hot": 0, "warm": 0, "cold": 0})  # rows ``get`` read, per tier

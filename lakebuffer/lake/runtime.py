@@ -117,7 +117,9 @@ def enter_native(what: str = "lake call", refuse: bool = True) -> None:
         other = me is not threading.main_thread()
         # a call nested in one this thread already has in flight is part of it: the hook waits for that
         # one, so refusing or parking here would leave it counted forever (holding its locks: 60 s at exit)
-        refused = refuse and _closing and other and not depth
+        # a thread holding a buffer's state lock may finish this call: parked here, it would keep that lock
+        # from our own threads, which the hook joins (a scan's setup holds it around a catalog query)
+        refused = refuse and _closing and other and not depth and not getattr(_mine, "held", 0)
         late = _hook_done and other and me.daemon and not depth  # even a cleanup would race finalization now
         if not (refused or late):
             _inflight += 1
@@ -188,6 +190,48 @@ class NativeLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+class StateLock:
+    """A buffer's re-entrant state lock (``BufferState.lock``), which the exit hook knows about.
+
+    Our background threads need this lock, and the hook joins them. A user's thread that holds it when
+    exit begins is let through its native calls (counted, so the hook waits for them) instead of
+    being parked inside the lock: it is parked at its next call made while holding no such lock.
+    Works as the lock of a ``threading.Condition`` (``engine/budget``).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        ok = self._lock.acquire(blocking, timeout)
+        if ok:
+            _mine.held = getattr(_mine, "held", 0) + 1
+        return ok
+
+    def release(self) -> None:
+        _mine.held -= 1
+        self._lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    # threading.Condition's hooks: a wait releases every level this thread holds, and takes them back
+    def _release_save(self) -> tuple:
+        state = self._lock._release_save()  # (levels, owner)
+        _mine.held -= state[0]
+        return state
+
+    def _acquire_restore(self, state: tuple) -> None:
+        self._lock._acquire_restore(state)
+        _mine.held = getattr(_mine, "held", 0) + state[0]
+
+    def _is_owned(self) -> bool:
+        return self._lock._is_owned()
 
 
 def register_thread(thread: threading.Thread, stop: Callable[[], None] | None = None) -> None:
