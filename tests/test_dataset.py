@@ -486,8 +486,7 @@ def test_a_buffers_reads_and_shuffle_buffer_are_sized_by_its_memory_budget(tmp_p
     """Issue 16 at 16x the budget: a shuffled pass over a buffer holds one read batch plus the shuffle
     buffer; with the fixed 16 MiB / 64 MiB defaults that was ~80 MB at a 16 MB budget (the cold-path
     memory test's `dataset` phase reached 418-423 MB against its 383 MB bound). A buffer's reads are
-    1/16 of its budget (as its scans) and its shuffle buffer half of it; sources without a budget keep
-    the defaults."""
+    1/16 of its budget (as its scans) and its shuffle buffer half of it."""
     from lakebuffer import ReplayBuffer
     from tests.rollouts import make_rollouts
 

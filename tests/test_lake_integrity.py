@@ -117,6 +117,14 @@ def test_crashed_writer_is_taken_over_explicitly_and_then_fenced(tmp_path):
         assert len(b) == 72
 
 
+def _stale_first(lake, stale, times: int = 1) -> None:
+    """The lake's next ``times`` calls of ``delta.table()`` return ``stale`` (a writer that read the table
+    before another writer's commit), later ones the real table."""
+    real = lake.delta.table
+    first = iter([stale] * times)
+    lake.delta.table = lambda version=None: (next(first, None) if version is None else None) or real(version)
+
+
 def test_two_commits_racing_for_one_snapshot_id_cannot_both_land(tmp_path):
     """The run's snapshot id is a Delta app transaction committed with the data: a writer that read the
     run's state before another writer's commit loses the race in delta-rs' conflict checker (no window
@@ -128,9 +136,7 @@ def test_two_commits_racing_for_one_snapshot_id_cannot_both_land(tmp_path):
     a.commit_snapshot("r", [make_rollouts(10, seed=1).append_column("key", _keys("x", 10)).append_column("run_id", _run("r", 10))])
     stale = b.delta.table()  # b reads the run's state: its next snapshot id is 2
     a.commit_snapshot("r", [make_rollouts(10, seed=2).append_column("key", _keys("y", 10)).append_column("run_id", _run("r", 10))])
-    real = b.delta.table
-    first = iter([stale])
-    b.delta.table = lambda version=None: (next(first, None) if version is None else None) or real(version)
+    _stale_first(b, stale)
     with pytest.raises(lb.LockedError, match="another writer"):
         b.commit_snapshot("r", [make_rollouts(10, seed=3).append_column("key", _keys("z", 10)).append_column("run_id", _run("r", 10))])
     c = Lake(url)
@@ -149,14 +155,6 @@ def _run(run: str, n: int):
     import pyarrow as pa
 
     return pa.array([run] * n, pa.string())
-
-
-def _stale_first(lake, stale, times: int = 1) -> None:
-    """The lake's next ``times`` calls of ``delta.table()`` return ``stale`` (a writer that read the table
-    before another writer's commit), later ones the real table."""
-    real = lake.delta.table
-    first = iter([stale] * times)
-    lake.delta.table = lambda version=None: (next(first, None) if version is None else None) or real(version)
 
 
 def test_a_commit_racing_another_runs_schema_change_lands_once(tmp_path):

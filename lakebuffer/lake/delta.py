@@ -24,7 +24,6 @@ import json
 import os
 import threading
 from typing import Any
-from urllib.parse import unquote
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction
@@ -33,6 +32,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError, DeltaProtocolErr
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
 from ..errors import CorruptionError, LakeError, LockedError
+from .entries import entries_of
 from .fs import LakeFS
 from .layout import DELTA_LOG, PARTITION_COLUMNS, PARTITION_FIELDS, now
 
@@ -281,8 +281,8 @@ def still_valid(dt: DeltaTable, removes: list[RemoveAction], txn: tuple[str, int
         return False
     if not removes:
         return True
-    live = {unquote(p) for p in pa.table(dt.get_add_actions(flatten=False)).column("path").to_pylist()}
-    return all(unquote(r.path) in live for r in removes)
+    live = {e["path"] for e in entries_of(dt)}
+    return all(r.path in live for r in removes)
 
 
 def table_schema(row_schema: pa.Schema) -> pa.Schema:
