@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from ..errors import BackpressureError
-from ..lake.runtime import StateLock
+from ..lake.runtime import NativeLock
 
 log = logging.getLogger("lakebuffer")
 
@@ -31,7 +31,7 @@ CATALOG_WARN = 0.5  # warn once when the metadata catalog takes this share of th
 class Budget:
     """Byte accounting under the engine's lock; ``space`` is notified whenever bytes are freed."""
 
-    def __init__(self, limit_bytes: int, catalog_bytes: Callable[[], int], lock: StateLock,
+    def __init__(self, limit_bytes: int, catalog_bytes: Callable[[], int], lock: NativeLock,
                  rows: Callable[[], int] = lambda: 0) -> None:
         self.limit_bytes = int(limit_bytes)
         self._catalog_bytes = catalog_bytes

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from ..catalog import Catalog
 from ..index import BatchInfo, KeyIndex
-from ..lake.runtime import StateLock
+from ..lake.runtime import NativeLock
 from ..tiers import HotTier, WarmTier, WriteAheadLog
 from ..tiers.cold import ColdTier
 from .readgate import ReadGate
@@ -36,7 +36,7 @@ class BufferState:
     wal: WriteAheadLog
     catalog: Catalog
     tasks: TaskQueue
-    lock: StateLock = field(default_factory=StateLock)  # the exit hook knows its holders (lake/runtime)
+    lock: NativeLock = field(default_factory=lambda: NativeLock("buffer state", refuse=False))  # exit waits for holders
     batches: dict[int, BatchInfo] = field(default_factory=dict)
     cold: ColdTier | None = None  # rows only the lake holds (``engine/diskbudget`` moves them there)
     served: dict[str, int] = field(default_factory=lambda: {"hot": 0, "warm": 0, "cold": 0})  # rows ``get`` read, per tier

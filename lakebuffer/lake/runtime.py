@@ -117,9 +117,7 @@ def enter_native(what: str = "lake call", refuse: bool = True) -> None:
         other = me is not threading.main_thread()
         # a call nested in one this thread already has in flight is part of it: the hook waits for that
         # one, so refusing or parking here would leave it counted forever (holding its locks: 60 s at exit)
-        # a thread holding a buffer's state lock may finish this call: parked here, it would keep that lock
-        # from our own threads, which the hook joins (a scan's setup holds it around a catalog query)
-        refused = refuse and _closing and other and not depth and not getattr(_mine, "held", 0)
+        refused = refuse and _closing and other and not depth
         late = _hook_done and other and me.daemon and not depth  # even a cleanup would race finalization now
         if not (refused or late):
             _inflight += 1
@@ -164,14 +162,19 @@ class NativeLock:
     destructor, CPython's finalization ``pthread_exit``s the thread, the forced unwind hits the
     ``noexcept``). Every DuckDB call of the catalog runs under its lock; with this lock the exit hook
     waits for a query in flight and refuses new ones from other threads.
+
+    A buffer's state lock is one too, with ``refuse=False``: its holder's calls are nested in it, so a
+    thread holding it at exit finishes and lets go before the hook goes on (parked inside it, it kept
+    our worker, which the hook joins, waiting: 60 s), and is parked at its next call without it.
     """
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, refuse: bool = True) -> None:
         self._lock = threading.RLock()
         self._what = what
+        self._refuse = refuse
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        enter_native(self._what)
+        enter_native(self._what, self._refuse)
         try:
             ok = self._lock.acquire(blocking, timeout)
         except BaseException:
@@ -191,44 +194,18 @@ class NativeLock:
     def __exit__(self, *exc: object) -> None:
         self.release()
 
-
-class StateLock:
-    """A buffer's re-entrant state lock (``BufferState.lock``), which the exit hook knows about.
-
-    Our background threads need this lock, and the hook joins them. A user's thread that holds it when
-    exit begins is let through its native calls (counted, so the hook waits for them) instead of
-    being parked inside the lock: it is parked at its next call made while holding no such lock.
-    Works as the lock of a ``threading.Condition`` (``engine/budget``).
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.RLock()
-
-    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        ok = self._lock.acquire(blocking, timeout)
-        if ok:
-            _mine.held = getattr(_mine, "held", 0) + 1
-        return ok
-
-    def release(self) -> None:
-        _mine.held -= 1
-        self._lock.release()
-
-    def __enter__(self) -> bool:
-        return self.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-    # threading.Condition's hooks: a wait releases every level this thread holds, and takes them back
+    # threading.Condition's hooks (``engine/budget`` waits on the buffer's state lock): a wait releases
+    # every level this thread holds, and leaves them uncounted until it takes them back
     def _release_save(self) -> tuple:
         state = self._lock._release_save()  # (levels, owner)
-        _mine.held -= state[0]
+        for _ in range(state[0]):
+            leave_native()
         return state
 
     def _acquire_restore(self, state: tuple) -> None:
+        for _ in range(state[0]):
+            enter_native(self._what, self._refuse)
         self._lock._acquire_restore(state)
-        _mine.held = getattr(_mine, "held", 0) + state[0]
 
     def _is_owned(self) -> bool:
         return self._lock._is_owned()
