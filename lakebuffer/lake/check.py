@@ -19,6 +19,7 @@ from ..errors import LakeBufferError
 from .checksums import stream_problem
 from .entries import entries_of
 from .layout import sha256_of
+from .reader import STREAM_BLOCK_BYTES
 
 if TYPE_CHECKING:
     from .parts import LakeParts
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 def _parquet_problem(lake: LakeParts, entry: dict) -> str | None:
     """Decode a file lakebuffer did not write (no sha256 to check it by); what fails, or None."""
     try:
-        with lake.store.fs.open(lake.store.abs(entry["path"]), "rb") as f:
+        with lake.store.fs.open(lake.store.abs(entry["path"]), "rb", block_size=STREAM_BLOCK_BYTES, cache_type="none") as f:
             pf = pq.ParquetFile(f, page_checksum_verification=True)
             for i in range(pf.metadata.num_row_groups):
                 pf.read_row_group(i, use_threads=False)

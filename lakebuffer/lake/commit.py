@@ -23,7 +23,7 @@ from .delta import app_id
 from .entries import add_action, entries_of, remove_action
 from .layout import check_run_id
 from .parts import LakeParts
-from .reader import holds_any, key_range_hit, open_verified, read_group
+from .reader import close_file, holds_any, key_range_hit, open_verified, read_group
 from .rows import iter_input, schema_from_b64, schema_to_b64, with_run_id, without, without_columns
 from .verified import mark_verified
 from .writer import Writer
@@ -205,17 +205,20 @@ def _delete_rows(lake: LakeParts, dt: DeltaTable, run_id: str, keys: pa.Array, r
         if not key_range_hit(entry, sorted_keys):
             continue
         pf = open_verified(lake.store, lake.options, entry)  # a large file: streamed, by row group
-        if not holds_any(pf, keys):
-            continue
-        for i in range(pf.metadata.num_row_groups):
-            t = read_group(lake.store, entry, pf, i)
-            keep = pc.invert(pc.is_in(t.column("key"), value_set=keys))
-            survivors = t.filter(keep)
-            dropped += t.num_rows - survivors.num_rows
-            if survivors.num_rows:
-                for b in cast_to(survivors, rewriter.schema).to_batches():
-                    rewriter.add(b)
-            del t, survivors
+        try:
+            if not holds_any(pf, keys):
+                continue
+            for i in range(pf.metadata.num_row_groups):
+                t = read_group(lake.store, entry, pf, i)
+                keep = pc.invert(pc.is_in(t.column("key"), value_set=keys))
+                survivors = t.filter(keep)
+                dropped += t.num_rows - survivors.num_rows
+                if survivors.num_rows:
+                    for b in cast_to(survivors, rewriter.schema).to_batches():
+                        rewriter.add(b)
+                del t, survivors
+        finally:
+            close_file(pf)
         rewriter.seal(int(entry["policy_bucket"]))  # one file in, (at most) one file out
         removed.append(entry)
     return removed, dropped

@@ -28,6 +28,8 @@ from .verified import mark_verified
 
 check_whole = check_bytes
 
+STREAM_BLOCK_BYTES = 1 << 20  # fsspec's block size for a streamed file (reads are whole column chunks anyway)
+
 
 def _missing(store: LakeFS, rel: str) -> CorruptionError:
     return CorruptionError(
@@ -68,12 +70,22 @@ def open_streamed(store: LakeFS, entry: dict, *, verify: bool) -> pq.ParquetFile
             if problem:
                 raise _failed(store, rel, problem)
             mark_verified(store, [entry])
-        f = store.io(f"reading {rel}", store.fs.open, store.abs(rel), "rb")  # fsspec, as above
+        # fsspec, as above, with no read cache: its default (s3fs: 50 MiB read ahead) held most of a
+        # 35 MB file per open file, and a file object under a ParquetFile is freed only by the cycle
+        # collector (143 MB held after a delete read 25 files): callers ``close_file`` when done
+        f = store.io(f"reading {rel}", store.fs.open, store.abs(rel), "rb", block_size=STREAM_BLOCK_BYTES,
+                     cache_type="none")
         return pq.ParquetFile(f, page_checksum_verification=verify)
     except FileNotFoundError:
         raise _missing(store, rel) from None
     except (pa.ArrowInvalid, OSError) as e:
         raise CorruptionError(f"lake file {store.url_of(rel)} is not readable Parquet: {e}") from e
+
+
+def close_file(pf: pq.ParquetFile) -> None:
+    """Close the file under ``pf`` now (a streamed file object sits in a reference cycle: left to the
+    collector, its buffers outlive the read)."""
+    pf.close(force=True)
 
 
 def open_verified(store: LakeFS, options: LakeOptions, entry: dict, *, verify: bool = True) -> pq.ParquetFile:
@@ -143,8 +155,11 @@ class FileReader:
                     del data
                 else:
                     pf = open_streamed(self.store, entry, verify=self.verify)
-                for i in range(pf.metadata.num_row_groups):
-                    yield entry, pf, i
+                try:
+                    for i in range(pf.metadata.num_row_groups):
+                        yield entry, pf, i
+                finally:
+                    close_file(pf)
                 del pf
         finally:
             for fut in futures.values():
