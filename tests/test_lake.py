@@ -117,6 +117,10 @@ class CountingS3(_Counting, s3fs.S3FileSystem):
         self.opened = set()
 
 
+#: these tests check files and pruning per policy version: one version per partition (the default is 16)
+PER_VERSION = 1
+
+
 @dataclass
 class Where:
     kind: str
@@ -125,11 +129,11 @@ class Where:
     server: object | None = None
 
     def lake(self, **kw) -> Lake:
-        return Lake(self.url, self.storage_options, **kw)
+        return Lake(self.url, self.storage_options, **{"policy_bucket_size": PER_VERSION, **kw})
 
     def counting_lake(self, **kw) -> Lake:
         fs = CountingLocal() if self.kind == "local" else CountingS3(**self.storage_options)
-        return Lake(self.url, filesystem=fs, **kw)
+        return Lake(self.url, filesystem=fs, **{"policy_bucket_size": PER_VERSION, **kw})
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -366,7 +370,7 @@ def test_gc_aborts_stale_multipart_uploads_of_data_files(s3_server, s3_bucket):
 
 def test_s3_outage_at_the_delta_commit_leaves_only_invisible_orphans(s3_server, s3_bucket, monkeypatch):
     fs = quick_failing_s3(s3_server)
-    lake = Lake(f"{s3_bucket}/lake", s3_server.storage_options, filesystem=fs)
+    lake = Lake(f"{s3_bucket}/lake", s3_server.storage_options, filesystem=fs, policy_bucket_size=PER_VERSION)
     t1 = rollouts(100, seed=1)
     lake.commit_snapshot("run-a", [t1])
     before = _committed_state(lake, "run-a")
@@ -502,6 +506,21 @@ def test_policy_bucket_size_is_fixed_per_lake(tmp_path):
     got = lake.dataset().to_table(filter=ds.field("policy_version") == 25)
     assert got.num_rows == 15 and set(got.column("policy_bucket").to_pylist()) == {2}
 
+
+
+def test_a_new_lake_partitions_by_16_policy_versions_and_an_old_one_keeps_its_own(tmp_path):
+    """The default bucket is 16 versions (a partition per version made a small file per version; #23);
+    a lake created with another size (older lakes: 1) keeps it when opened without one."""
+    fresh = Lake(str(tmp_path / "new"))
+    m = fresh.commit_snapshot("run-a", [rollouts(60, versions=(0, 15, 16, 40))])
+    assert sorted({f["policy_bucket"] for f in m["files"]}) == [0, 1, 2]
+    assert Lake(str(tmp_path / "new")).policy_bucket_size == 16
+    old = Lake(str(tmp_path / "old"), policy_bucket_size=1)
+    old.commit_snapshot("run-a", [rollouts(60, versions=(0, 15, 16, 40))])
+    reopened = Lake(str(tmp_path / "old"))
+    assert reopened.policy_bucket_size == 1
+    m = reopened.commit_snapshot("run-a", [rollouts(30, run="run-a", seed=7, versions=(41, 42))])
+    assert sorted({f["policy_bucket"] for f in m["files"]}) == [0, 15, 16, 40, 41, 42]  # every file of the run
 
 # --------------------------------------------------------------------------------------------
 # compaction and gc
@@ -653,7 +672,7 @@ def test_partition_pruning_opens_only_matching_files(where):
 
 
 def test_prune_hint_lets_hive_readers_skip_other_buckets(tmp_path):
-    lake = Lake(str(tmp_path / "lake"))
+    lake = Lake(str(tmp_path / "lake"), policy_bucket_size=PER_VERSION)
     t = rollouts(200, versions=(0, 1, 2, 3, 4))
     lake.commit_snapshot("run-a", [t])
     # replace the files of buckets 2..4 with garbage: a reader that opens them fails
@@ -694,7 +713,7 @@ def test_prune_hint_leaves_other_predicates_alone(tmp_path, where):
 def test_lake_opens_without_lakebuffer(tmp_path):
     import deltalake
 
-    lake = Lake(str(tmp_path / "lake"))
+    lake = Lake(str(tmp_path / "lake"), policy_bucket_size=PER_VERSION)
     tables = [rollouts(90, run=r, seed=i, versions=(i, 4)) for i, r in enumerate(["run-a", "run-b", "run-c"])]
     for t in tables:
         lake.commit_snapshot(t.column("run_id")[0].as_py(), [t.slice(0, 50)])

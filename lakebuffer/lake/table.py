@@ -60,8 +60,8 @@ def _option(name: str) -> property:
 class Lake:
     """Cold tier of the buffer: one Delta table, hive-partitioned by ``run_id`` and policy bucket.
 
-    ``policy_bucket_size`` (``None``: the lake's stored value, else 1) is fixed per lake at the first
-    commit and stored in the table's description; opening with a different explicit value raises
+    ``policy_bucket_size`` (``None``: the lake's stored value, else ``schemas/rollout.json``'s: 16 policy
+    versions a partition) is fixed per lake at the first commit and stored in the table's description; opening with a different explicit value raises
     ``LakeError``. ``filesystem`` replaces the fsspec filesystem built from ``url`` for the data-file
     bytes (deltalake reaches the store with ``storage_options``). The other keyword arguments are
     ``LakeOptions``; each is also readable and assignable as an attribute of the lake.
