@@ -321,7 +321,8 @@ class ColdTier:
         if paged:
             # only the pages holding these keys, every row checked by its digests; one query for all files
             assert pages is not None and keys is not None
-            groups, errors = pages.take_grouped([(e, [keys[j] for j in sel.tolist()]) for e, sel in paged], want)
+            groups, errors = pages.take_grouped([(e, [keys[j] for j in sel.tolist()]) for e, sel in paged], want,
+                                                rows=[rows[sel] for _e, sel in paged])
             for i in sorted(errors):
                 self._paged(lake, pages, paged[i][0], errors[i], want)  # raises what the error means
             for members, got, pos in groups:

@@ -1,0 +1,218 @@
+"""Issue 23: the row reader (``lake/rowpages.py``) serves cold ``get`` from the pages of the asked rows.
+
+It decodes what the lake writer writes (every column type of the rollout schema, nulls in scalars,
+lists, list items and strings, dictionary-coded strings, fixed-size binaries), returns rows equal to
+pyarrow's, reads a small part of the files, keeps its footers within its cache, and leaves to the
+older reader every file whose bytes it cannot verify: a damaged page is never returned by it (the
+caller then reports the ``CorruptionError``; ``test_cold_pages.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import lakebuffer as lb
+from lakebuffer.errors import CorruptionError
+from lakebuffer.lake.fs import LakeFS
+from lakebuffer.lake.rowhash import HASH_COLUMN, hash_column, schema_with_hash
+from lakebuffer.lake.rowpages import RowPages, Unreadable
+from lakebuffer.lake.writer import by_key, parquet_options
+from tests.rollouts import make_rollouts
+
+
+def _table(n: int = 300, seed: int = 0) -> pa.Table:
+    """Every column kind the writer stores, with nulls where the type allows them."""
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(0, 40, n)
+    offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    items = rng.integers(-5, 5000, int(offsets[-1]), dtype=np.int64)
+    item_null = rng.random(int(offsets[-1])) < 0.1
+    row_null = rng.random(n) < 0.15
+    opt_list = pa.ListArray.from_arrays(pa.array(offsets), pa.array(items, mask=item_null), mask=pa.array(row_null))
+    req_list = pa.ListArray.from_arrays(pa.array(offsets), pa.array(rng.random(int(offsets[-1]), dtype=np.float32)))
+    words = [None if rng.random() < 0.2 else f"w{int(rng.integers(0, 30))}" for _ in range(n)]
+    return pa.table({
+        "key": [f"k{i:06d}" for i in range(n)],
+        "tokens": opt_list,
+        "logprobs": req_list,
+        "reward": pa.array(rng.random(n), mask=rng.random(n) < 0.2),
+        "step": pa.array(rng.integers(0, 1 << 40, n), pa.int64()),
+        "small": pa.array(rng.integers(-100, 100, n), pa.int8()),
+        "count": pa.array(rng.integers(0, 1 << 31, n), pa.uint32()),
+        "ok": pa.array(rng.random(n) > 0.5, mask=rng.random(n) < 0.1),
+        "word": pa.array(words, pa.string()),
+        "label": pa.array([f"label-{i}" for i in range(n)], pa.string()),
+        "at": pa.array(rng.integers(0, 1 << 50, n), pa.timestamp("us", tz="UTC")),
+        "blob": pa.array([bytes([i % 256]) * 4 for i in range(n)], pa.binary(4)),
+    })
+
+
+def _write(path: Path, t: pa.Table, rows_per_group: int = 128) -> None:
+    t = by_key(t)
+    names = t.column_names
+    full = t.append_column(HASH_COLUMN, hash_column(t, names))
+    schema = schema_with_hash(t.schema)
+    with pq.ParquetWriter(path, full.schema.with_metadata(schema.metadata), **parquet_options(full.schema)) as w:
+        w.write_table(full.cast(full.schema.with_metadata(schema.metadata)), row_group_size=rows_per_group)
+
+
+def _entry(root: Path, name: str) -> dict:
+    return {"path": name, "bytes": os.path.getsize(root / name)}
+
+
+def test_rows_of_every_column_kind_equal_pyarrows(tmp_path):
+    t = _table()
+    _write(tmp_path / "f.parquet", t)
+    reader = RowPages(LakeFS(str(tmp_path)), 1 << 20)
+    entry = _entry(tmp_path, "f.parquet")
+    cols = [c for c in t.column_names if c != "key"]
+    # every column kind is decoded here (none left to the older reader)
+    assert reader.serves(entry, cols)
+    ref = pq.read_table(tmp_path / "f.parquet").drop_columns([HASH_COLUMN])
+    rows = np.array([0, 1, 5, 127, 128, 129, 200, 299, 17, 17 + 128], np.int64)  # across row groups, unsorted
+    got = reader.take(entry, ref.column("key").take(pa.array(rows)).to_pylist(), rows, cols)
+    want = ref.take(pa.array(rows))
+    for c in ["key", *cols]:
+        assert got.column(c).to_pylist() == want.column(c).to_pylist(), c
+        assert got.column(c).type == want.column(c).type, c
+    assert reader.counts["rows"] == len(rows)
+
+
+def test_a_key_that_is_not_the_rows_is_refused_not_returned(tmp_path):
+    t = _table()
+    _write(tmp_path / "f.parquet", t)
+    reader = RowPages(LakeFS(str(tmp_path)), 1 << 20)
+    entry = _entry(tmp_path, "f.parquet")
+    # row 3 holds k000003: asked as another key, its digest does not match
+    with pytest.raises(Unreadable, match="digest"):
+        reader.take(entry, ["k000004"], np.array([3]), ["tokens"])
+    with pytest.raises(Unreadable, match="beyond"):
+        reader.take(entry, ["k999999"], np.array([300]), ["tokens"])
+
+
+def test_a_damaged_page_is_never_returned(tmp_path):
+    t = _table()
+    path = tmp_path / "f.parquet"
+    _write(path, t)
+    reader = RowPages(LakeFS(str(tmp_path)), 1 << 20)
+    entry = _entry(tmp_path, "f.parquet")
+    md = pq.read_metadata(path)
+    ok = 0
+    for j in range(md.num_columns):
+        c = md.row_group(0).column(j)
+        name = c.path_in_schema.split(".")[0]
+        if name == "key":
+            continue  # the row reader does not read key pages: the digest proves the asked key
+        start = c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset
+        original = path.read_bytes()
+        data = bytearray(original)
+        data[int(start + c.total_compressed_size - 3)] ^= 0x04  # inside the chunk's last page's values
+        path.write_bytes(bytes(data))
+        try:
+            reader.take(entry, [f"k{r:06d}" for r in range(128)], np.arange(128), [name] if name != HASH_COLUMN else [])
+        except Unreadable:
+            ok += 1
+        finally:
+            path.write_bytes(original)
+    assert ok == md.num_columns - 1  # every damaged chunk refused (its page CRC or a row digest)
+
+
+def test_unsupported_chunks_are_left_to_the_older_reader(tmp_path):
+    t = pa.table({"key": ["a", "b"], "nested": pa.array([[[1]], [[2, 3]]], pa.list_(pa.list_(pa.int32())))})
+    _write(tmp_path / "f.parquet", t)
+    reader = RowPages(LakeFS(str(tmp_path)), 1 << 20)
+    entry = _entry(tmp_path, "f.parquet")
+    assert not reader.serves(entry, ["nested"])
+    with pytest.raises(Unreadable):
+        reader.take(entry, ["a"], np.array([0]), ["nested"])
+    (tmp_path / "junk.parquet").write_bytes(b"not parquet at all")
+    assert not reader.serves(_entry(tmp_path, "junk.parquet"), [])
+
+
+def test_the_footer_cache_stays_within_its_bytes(tmp_path):
+    for i in range(12):
+        _write(tmp_path / f"f{i}.parquet", _table(200, seed=i))
+    one = RowPages(LakeFS(str(tmp_path)), 1 << 30)
+    size = one.layout(_entry(tmp_path, "f0.parquet")).nbytes
+    reader = RowPages(LakeFS(str(tmp_path)), 3 * size)
+    for i in range(12):
+        reader.layout(_entry(tmp_path, f"f{i}.parquet"))
+        assert reader.held_bytes() <= 3 * size
+    assert reader.held_bytes() > 0
+
+
+def _cold_buffer(path: Path, lake: str, **kw) -> lb.ReplayBuffer:
+    return lb.ReplayBuffer.open(path, lake=lake, memory_limit_mb=2, snapshot_interval_s=0, disk_limit_gb=2 / 1024, **kw)
+
+
+def _fill(buf: lb.ReplayBuffer, batches: int = 16) -> pa.Table:
+    pushed = []
+    for i in range(batches):
+        t = make_rollouts(64, tokens=256, version=i % 3, seed=i)
+        pushed.append(t.append_column("key", buf.push(t)))
+        if i % 4 == 3:
+            buf.snapshot(wait=True)
+    buf.snapshot(wait=True)
+    buf.flush()
+    return pa.concat_tables(pushed)
+
+
+def _cold(buf: lb.ReplayBuffer) -> list[str]:
+    return buf.sql("SELECT key FROM cold_rows ORDER BY key").column("key").to_pylist()
+
+
+def _check_buffer_get(buf: lb.ReplayBuffer, ref: pa.Table) -> None:
+    cold = _cold(buf)
+    assert len(cold) > 200
+    picks = [cold[i] for i in np.random.default_rng(1).choice(len(cold), 64, replace=False).tolist()]
+    got = buf.get(picks)  # every column
+    idx = {k: i for i, k in enumerate(ref.column("key").to_pylist())}
+    want = ref.take(pa.array([idx[k] for k in picks]))
+    for c in want.column_names:
+        assert got.column(c).to_pylist() == want.column(c).to_pylist(), c
+    reader = next(iter(buf._state.cold._page_readers.values())).rows
+    assert reader.counts["rows"] >= 64 and reader.counts["left"] == 0, reader.counts
+
+
+def test_a_buffers_cold_get_is_served_by_the_row_reader(tmp_path):
+    with _cold_buffer(tmp_path / "buf", str(tmp_path / "lake")) as buf:
+        _check_buffer_get(buf, _fill(buf))
+
+
+def test_a_buffers_cold_get_on_s3_is_served_by_the_row_reader(tmp_path, s3_server, s3_bucket):
+    with _cold_buffer(tmp_path / "buf", f"{s3_bucket}/lake", storage_options=s3_server.storage_options) as buf:
+        _check_buffer_get(buf, _fill(buf, batches=10))
+
+
+def test_a_damaged_page_in_the_buffers_lake_is_a_corruption_error_naming_the_file(tmp_path):
+    with _cold_buffer(tmp_path / "buf", str(tmp_path / "lake")) as buf:
+        _fill(buf)
+        cold = _cold(buf)
+        key = cold[len(cold) // 2]
+        before = buf.get([key], ["response_ids"])
+        m = buf.lake.latest_manifest(buf.run_id)
+        paths = [Path(buf.lake.store.abs(e["path"])) for e in m["files"]]
+        hit = next(p for p in paths if key in pq.read_table(p, columns=["key"]).column("key").to_pylist())
+        row = pq.read_table(hit, columns=["key"]).column("key").to_pylist().index(key)
+        md = pq.read_metadata(hit)
+        starts = np.cumsum([0] + [md.row_group(g).num_rows for g in range(md.num_row_groups)])
+        g = int(np.searchsorted(starts, row, side="right") - 1)
+        col = next(md.row_group(g).column(j) for j in range(md.num_columns)
+                   if md.row_group(g).column(j).path_in_schema.startswith("response_ids"))
+        original = hit.read_bytes()
+        data = bytearray(original)
+        for off in range(col.data_page_offset + 64, col.data_page_offset + col.total_compressed_size, 4096):
+            data[off] ^= 0x01  # every page of the chunk: the row's page among them
+        hit.write_bytes(bytes(data))
+        try:
+            with pytest.raises(CorruptionError, match=str(hit)):
+                buf.get([key], ["response_ids"])
+        finally:
+            hit.write_bytes(original)
+        assert buf.get([key], ["response_ids"]).equals(before)
