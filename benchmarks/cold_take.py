@@ -15,6 +15,9 @@ round, the order of candidates rotating), the time to return ``response_ids`` of
 * ``new_datafusion``: ``lake/pages.PageReader.take_many`` (DataFusion 55, ``key IN``, filter pushdown,
   page index, all files in one plan), digests checked (candidate a, the one chosen);
   ``new_datafusion_per_file``: the same, one query per file in turn;
+* ``new_rowpages``: ``lake/rowpages.RowPages.take_many`` (what a cold ``get`` runs first since #23's
+  row reader: each row's pages by (file, row) through the offset index, CRC-checked, decoded with
+  fastparquet's decoders), digests checked in one pass as ``PageReader`` does;
 * ``new_pyarrow``: the old path on the new files (pyarrow ignores the page index);
 * ``smallrg_pyarrow``: the old path on ~1 MiB row groups (b);
 * ``smallrg_coalesced``: one pyarrow dataset scan of the wanted row groups of each file with
@@ -49,6 +52,7 @@ from lakebuffer.bench.data import stream
 from lakebuffer.lake import rowhash
 from lakebuffer.lake.fs import LakeFS
 from lakebuffer.lake.pages import PageReader
+from lakebuffer.lake.rowpages import RowPages
 from lakebuffer.lake.writer import by_key, parquet_options
 
 MiB = 2**20
@@ -210,7 +214,23 @@ def main() -> None:
         got = reader.take_many([(new_entries[f], ks) for f, ks in by_file.items()], COLS)
         return sum(t.num_rows for t in got)
 
+    rows_reader = RowPages(store, 64 * MiB)
+
+    def run_rowpages(keys: list[str]) -> int:
+        by_file: dict[int, tuple[list[str], list[int]]] = {}
+        for k in keys:
+            f, r = where["new"][k]
+            by_file.setdefault(f, ([], []))[0].append(k)
+            by_file[f][1].append(r)
+        got = rows_reader.take_many([(new_entries[f], ks, np.array(rs)) for f, (ks, rs) in by_file.items()], COLS)
+        assert not any(isinstance(t, Exception) for t in got), got
+        table = pa.concat_tables(got)
+        hashed = rows_reader.layout(new_entries[next(iter(by_file))]).hashed or []  # one schema: one digest layout
+        assert not len(rowhash.mismatches(table, ["key", *COLS], hashed))
+        return table.num_rows
+
     cands = {
+        "new_rowpages": run_rowpages,
         "old_pyarrow": lambda ks: pyarrow_take(tmp / "old", old, [where["old"][k] for k in ks]).num_rows,
         "new_datafusion": run_df_many,
         "new_datafusion_per_file": run_df,

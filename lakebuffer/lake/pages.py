@@ -1,5 +1,9 @@
 """Rows of lake files by key at page granularity, each row checked against its recorded digests.
 
+Since the row reader (``lake/rowpages.py``), a take that knows its rows' positions (every cold ``get``)
+is served by it first; the DataFusion query below reads only the files it leaves (a column kind it does
+not decode, a page that fails its CRC, a row that fails its digest), and says what is wrong with them.
+
 Why DataFusion (arrow-rs): it reads a ``key IN (...)`` with the filter pushed into the Parquet scan
 (late materialisation): the key pages the page index leaves are decoded, the matching rows become a
 row selection, and of every other asked column only the pages holding those rows are fetched and
@@ -284,26 +288,15 @@ class PageReader:
         """(items, groups the row reader read: one per set of columns, items it left)."""
         by_cols: dict[tuple, list[tuple[int, pa.Table]]] = {}
         left: list[int] = []
-
-        def one(i: int) -> tuple[pa.Table, list[str] | None] | None:
-            entry, keys = items[i]
+        results = self.rows.take_many([(e, k, rows[i]) for i, (e, k) in enumerate(items)], columns)
+        for i, t in enumerate(results):
             try:
-                return self.rows.take(entry, keys, rows[i], columns, check=False), self.rows.layout(entry).hashed
+                if isinstance(t, Unreadable):
+                    raise t
+                hashed = self.rows.layout(items[i][0]).hashed  # held: just read (or read again)
             except Unreadable:
-                return None
-
-        if self.store.native_local or len(items) < 2:
-            results = [one(i) for i in range(len(items))]  # local: threads lost to the GIL (52 -> 57 ms)
-        else:  # an object store: requests overlap
-            from concurrent.futures import ThreadPoolExecutor
-
-            with ThreadPoolExecutor(min(PREPARE_THREADS, len(items)), thread_name_prefix="lakebuffer-rows") as pool:
-                results = list(pool.map(one, range(len(items))))
-        for i, res in enumerate(results):
-            if res is None:
                 left.append(i)
                 continue
-            t, hashed = res
             by_cols.setdefault((tuple(t.column_names), tuple(hashed or ())), []).append((i, t))
         out = []
         for (names, hashed), got in by_cols.items():

@@ -39,6 +39,7 @@ TAIL_BYTES = 64 * 1024
 #: two page ranges of one file this close are read as one (a gap costs less than a request)
 MERGE_GAP = 16 * 1024
 LAYOUT_THREADS = 8  # files whose footers are read at once
+FETCH_THREADS = 8  # files of an object store whose pages are read at once
 _CODECS = {0: None, 1: "snappy", 2: "gzip", 4: "brotli", 6: "zstd"}
 _PLAIN, _RLE = 0, 3
 _REQUIRED, _OPTIONAL, _REPEATED = 0, 1, 2
@@ -214,6 +215,28 @@ def _levels(body: np.ndarray, pos: int, count: int, max_level: int) -> tuple[np.
     return out[:count], pos + 4 + n
 
 
+def _varint(data: bytes, p: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        b = data[p]
+        p += 1
+        value |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return value, p
+
+
+def _one_run(body: np.ndarray, pos: int, count: int, level: int) -> bool:
+    """Whether a v1 page's levels at ``pos`` are one RLE run of ``level`` over all ``count`` entries
+    (what the writer makes of a column without nulls or empty lists): nothing to decode then."""
+    n = int.from_bytes(body[pos:pos + 4].tobytes(), "little")
+    if n > 12:
+        return False
+    data = body[pos + 4:pos + 4 + n].tobytes()
+    header, p = _varint(data, 0)
+    return not header & 1 and header >> 1 >= count and p < len(data) and data[p] == level
+
+
 @dataclass
 class Page:
     """The rows of one decoded page: row ``j``'s values are ``values[start[j]:end[j]]`` (lists) or
@@ -254,7 +277,11 @@ def _byte_arrays(data: np.ndarray, n: int) -> pa.Array:
 
 def decode_dictionary(raw: bytes | memoryview, codec: str | None) -> pa.Array:
     """A string column chunk's dictionary page."""
-    ph, body = _page_body(raw, codec)
+    return dictionary_of(*_page_body(raw, codec))
+
+
+def dictionary_of(ph: Any, body: np.ndarray) -> pa.Array:
+    """The strings of a dictionary page (header and uncompressed body)."""
     if ph.type != 2 or ph.dictionary_page_header is None or ph.dictionary_page_header.encoding not in (_PLAIN, 2):
         raise Unreadable("not a PLAIN dictionary page")
     return _byte_arrays(body, ph.dictionary_page_header.num_values)
@@ -262,9 +289,13 @@ def decode_dictionary(raw: bytes | memoryview, codec: str | None) -> pa.Array:
 
 def decode_page(raw: bytes | memoryview, leaf: Leaf, codec: str | None, dictionary: pa.Array | None = None) -> Page:
     """One v1 data page of ``leaf``'s column (``dictionary``: its chunk's, for dictionary-coded strings)."""
+    return page_of(*_page_body(raw, codec), leaf, dictionary)
+
+
+def page_of(ph: Any, body: np.ndarray, leaf: Leaf, dictionary: pa.Array | None = None) -> Page:
+    """A data page's rows from its header and uncompressed body."""
     from fastparquet.cencoding import NumpyIO, read_rle_bit_packed_hybrid
 
-    ph, body = _page_body(raw, codec)
     if ph.type != 0 or ph.data_page_header is None:
         raise Unreadable("not a v1 data page")
     dh = ph.data_page_header
@@ -272,7 +303,11 @@ def decode_page(raw: bytes | memoryview, leaf: Leaf, codec: str | None, dictiona
         raise Unreadable("values not PLAIN")
     count = dh.num_values
     rep, pos = _levels(body, 0, count, leaf.max_rep)
-    dl, pos = _levels(body, pos, count, leaf.max_def)
+    row_at = None if rep is None else np.flatnonzero(rep == 0)
+    if leaf.max_def and _one_run(body, pos, count, leaf.max_def):
+        dl, pos = None, pos + 4 + int.from_bytes(body[pos:pos + 4].tobytes(), "little")  # all defined
+    else:
+        dl, pos = _levels(body, pos, count, leaf.max_def)
     present = None if dl is None else dl == leaf.max_def
     nval = count if present is None else int(np.count_nonzero(present))
     data = body[pos:]
@@ -314,14 +349,14 @@ def decode_page(raw: bytes | memoryview, leaf: Leaf, codec: str | None, dictiona
         full[present] = vals  # type: ignore[index]
         idx = np.arange(count, dtype=np.int64)
         return Page(full, idx, idx + 1, present, None)
-    assert rep is not None and dl is not None
-    row_at = np.flatnonzero(rep == 0)
+    assert row_at is not None
     first = int(leaf.field_optional) + 1  # the level from which an entry is an item (null or not)
-    valid = dl[row_at] >= 1 if leaf.field_optional else None
+    valid = dl[row_at] >= 1 if leaf.field_optional and dl is not None else None
     if nval == count:  # every entry an item with a value (no null or empty list, no null item)
         lengths = np.diff(row_at, append=count)
         item_present = None
     else:
+        assert dl is not None
         is_item = dl >= first
         lengths = np.add.reduceat(is_item.astype(np.int64), row_at) if len(row_at) else np.zeros(0, np.int64)
         item_present = present[is_item] if leaf.element_optional else None
@@ -361,7 +396,8 @@ def assemble(leaf: Leaf, pages: list[Page], which: np.ndarray, rows: np.ndarray)
     n = len(rows)
     valid = None
     if leaf.field_optional:
-        valid = np.array([bool(pages[w].valid[r]) for w, r in zip(which.tolist(), rows.tolist())], bool)  # type: ignore[index]
+        flags = [p.valid if p.valid is not None else np.ones(len(p.start), bool) for p in pages]
+        valid = np.array([bool(flags[w][r]) for w, r in zip(which.tolist(), rows.tolist())], bool)
     if not leaf.is_list and leaf.physical == _BYTE_ARRAY:  # values are Arrow strings: one take
         base = np.cumsum([0] + [len(p.values) for p in pages])
         at = np.array([base[w] + pages[w].start[r] for w, r in zip(which.tolist(), rows.tolist())], np.int64)
@@ -393,6 +429,90 @@ def assemble(leaf: Leaf, pages: list[Page], which: np.ndarray, rows: np.ndarray)
 
 
 # reading ------------------------------------------------------------------------------------
+#: threads that CRC-check and decompress the pages of one get (native code without the GIL)
+BODY_THREADS = 2
+
+
+class _Plan:
+    """Which pages of one file a take reads, and how each asked row is found in them."""
+
+    def __init__(self, lay: Layout, cols: list[str], read: list[str]) -> None:
+        self.lay, self.cols, self.read = lay, cols, read
+        self.wanted: dict[tuple[int, int], int] = {}  # (offset, size) -> page number
+        self.codecs: dict[int, str | None] = {}
+        self.dict_of: dict[int, int] = {}  # page number -> the page number of its chunk's dictionary
+        self.rows: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # column -> (page of each row, row in it)
+
+    def page(self, span: tuple[int, int], codec: str | None, dictionary: tuple[int, int] | None) -> int:
+        n = self.wanted.setdefault(span, len(self.wanted))
+        self.codecs[n] = codec
+        if dictionary is not None:
+            a, b = dictionary
+            d = self.dict_of[n] = self.wanted.setdefault((a, b - a), len(self.wanted))
+            self.codecs[d] = codec
+        return n
+
+    def finish(self, bodies: dict[int, tuple[Any, np.ndarray] | Unreadable], keys: list[str]) -> pa.Table:
+        """The rows (``key`` + columns + ``_lb_hash``, unchecked) from the pages' bodies."""
+        def body(n: int) -> tuple[Any, np.ndarray]:
+            got = bodies.get(n)
+            if got is None or isinstance(got, Unreadable):
+                raise got or Unreadable("page not read")
+            return got
+
+        arrays = {}
+        for c in self.read:
+            leaf = self.lay.leaves[c]
+            page_of, local = self.rows[c]
+            uniq, inv = np.unique(page_of, return_inverse=True)
+            try:
+                dicts = {d: dictionary_of(*body(d)) for d in {self.dict_of[u] for u in uniq.tolist() if u in self.dict_of}}
+                pages = [page_of_body(body(u), leaf, dicts.get(self.dict_of.get(u, -1))) for u in uniq.tolist()]
+                for w, r in zip(inv.tolist(), local.tolist()):
+                    if r >= len(pages[w].start):
+                        raise Unreadable("row beyond its page")
+                arrays[c] = assemble(leaf, pages, inv, local)
+            except Unreadable:
+                raise
+            except Exception as e:  # noqa: BLE001 - bytes that do not decode
+                raise Unreadable(f"column {c}: {type(e).__name__}: {e}") from e
+        arrays["key"] = pa.array(keys, pa.string())
+        return pa.table({c: arrays[c] for c in [*self.cols, HASH_COLUMN]})
+
+
+def page_of_body(got: tuple[Any, np.ndarray], leaf: Leaf, dictionary: pa.Array | None) -> Page:
+    return page_of(got[0], got[1], leaf, dictionary)
+
+
+def _bodies(jobs: list[tuple[int, int, memoryview]], plans: list) -> list[dict[int, tuple[Any, np.ndarray] | Unreadable]]:
+    """``_page_body`` of every (item, page number, raw bytes), split over ``BODY_THREADS`` threads."""
+    from .runtime import native_call
+
+    out: list[dict[int, tuple[Any, np.ndarray] | Unreadable]] = [{} for _ in plans]
+
+    def run(part: list[tuple[int, int, memoryview]]) -> None:
+        with native_call("decompressing lake pages"):
+            for i, n, raw in part:
+                try:
+                    out[i][n] = _page_body(raw, plans[i].codecs[n])
+                except Unreadable as e:
+                    out[i][n] = e
+                except Exception as e:  # noqa: BLE001 - a header or body that does not decode
+                    out[i][n] = Unreadable(f"{type(e).__name__}: {e}")
+
+    if len(jobs) < 8 or BODY_THREADS < 2:
+        run(jobs)
+        return out
+    parts = [jobs[k::BODY_THREADS] for k in range(BODY_THREADS)]
+    workers = [threading.Thread(target=run, args=(p,), name="lakebuffer-pages", daemon=True) for p in parts[1:]]
+    for w in workers:
+        w.start()
+    run(parts[0])
+    for w in workers:
+        w.join()
+    return out
+
+
 class RowPages:
     """Rows of one lake's files by (file, row), page by page, every row checked (thread-safe)."""
 
@@ -504,6 +624,61 @@ class RowPages:
         has, each row checked against its digests; ``Unreadable`` when any of that does not hold.
         ``check=False``: the rows with their ``_lb_hash``, unchecked (the caller checks many files'
         rows at once with ``mismatches`` against ``self.layout(entry).hashed``)."""
+        got = self.take_many([(entry, keys, rows)], columns)[0]
+        if isinstance(got, Unreadable):
+            raise got
+        if not check:
+            return got
+        lay = self.layout(entry)
+        cols = [c for c in got.column_names if c != HASH_COLUMN]
+        if len(mismatches(got, cols, lay.hashed or [])):
+            raise Unreadable("a row fails its digest")
+        self.count(len(got), 0)
+        return got.select(cols)
+
+    def take_many(self, items: list[tuple[dict, list[str], np.ndarray]], columns: list[str]
+                  ) -> list[pa.Table | Unreadable]:
+        """``take(..., check=False)`` of several files: per item its rows with ``_lb_hash`` (unchecked),
+        or why it cannot be served. Pages are read file by file, then CRC-checked and decompressed on
+        ``BODY_THREADS`` threads (native work, without the GIL) while nothing else runs, then decoded."""
+        plans: list[_Plan | Unreadable] = []
+        for entry, keys, rows in items:
+            try:
+                plans.append(self._plan(entry, keys, rows, columns))
+            except Unreadable as e:
+                plans.append(e)
+
+        def fetch(i: int) -> list[memoryview] | Unreadable:
+            plan = plans[i]
+            if isinstance(plan, Unreadable):
+                return plan
+            try:
+                return self._fetch(items[i][0], plan)
+            except Unreadable as e:
+                return e
+
+        if self.store.native_local or len(items) < 2:
+            raws = [fetch(i) for i in range(len(items))]
+        else:  # an object store: the files' requests overlap
+            with ThreadPoolExecutor(min(FETCH_THREADS, len(items)), thread_name_prefix="lakebuffer-pages") as pool:
+                raws = list(pool.map(fetch, range(len(items))))
+        jobs = [(i, n, r) for i, (raw, plan) in enumerate(zip(raws, plans)) if not isinstance(raw, Unreadable)
+                for n, r in enumerate(raw) if not isinstance(plan, Unreadable)]
+        bodies = _bodies(jobs, plans)
+        out: list[pa.Table | Unreadable] = []
+        for i, ((_entry, keys, _rows), plan) in enumerate(zip(items, plans)):
+            if isinstance(plan, Unreadable):
+                out.append(plan)
+            elif isinstance(raws[i], Unreadable):
+                out.append(raws[i])  # type: ignore[arg-type]
+            else:
+                try:
+                    out.append(plan.finish(bodies[i], keys))
+                except Unreadable as e:
+                    out.append(e)
+        return out
+
+    def _plan(self, entry: dict, keys: list[str], rows: np.ndarray, columns: list[str]) -> _Plan:
         lay = self.layout(entry)
         if lay.hashed is None:
             raise Unreadable("no row digests")
@@ -514,11 +689,8 @@ class RowPages:
             raise Unreadable("row beyond the file")
         rg = np.searchsorted(lay.row_starts, rows, side="right") - 1
         in_rg = rows - lay.row_starts[rg]
+        plan = _Plan(lay, cols, read)
         # which page of each column holds each row; one read per distinct page (adjacent ones merged)
-        plan: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        wanted: dict[tuple[int, int], int] = {}  # (offset, size) -> page number
-        codecs: dict[int, str | None] = {}
-        dict_of: dict[int, int] = {}  # page number -> the page number of its chunk's dictionary
         for c in read:
             page_of = np.empty(len(rows), np.int64)
             local = np.empty(len(rows), np.int64)
@@ -530,19 +702,16 @@ class RowPages:
                 p = np.searchsorted(ch.first_rows, in_rg[sel], side="right") - 1
                 ids = np.empty(len(p), np.int64)
                 for j, pp in enumerate(p.tolist()):
-                    k = (int(ch.offsets[pp]), int(ch.sizes[pp]))
-                    ids[j] = wanted.setdefault(k, len(wanted))
-                    codecs[int(ids[j])] = ch.codec
-                    if ch.dictionary is not None:
-                        a, b = ch.dictionary
-                        dict_of[int(ids[j])] = wanted.setdefault((a, b - a), len(wanted))
-                        codecs[dict_of[int(ids[j])]] = ch.codec
+                    ids[j] = plan.page((int(ch.offsets[pp]), int(ch.sizes[pp])), ch.codec, ch.dictionary)
                 page_of[sel] = ids
                 local[sel] = in_rg[sel] - ch.first_rows[p]
-            plan[c] = (page_of, local)
-        spans = sorted(wanted)
+            plan.rows[c] = (page_of, local)
+        return plan
+
+    def _fetch(self, entry: dict, plan: _Plan) -> list[memoryview]:
+        """The raw bytes of the plan's pages, in page-number order (adjacent ranges read as one)."""
         merged: list[list[int]] = []
-        for off, size in spans:
+        for off, size in sorted(plan.wanted):
             if merged and off <= merged[-1][1] + MERGE_GAP:
                 merged[-1][1] = max(merged[-1][1], off + size)
             else:
@@ -554,35 +723,12 @@ class RowPages:
         except Exception as e:  # noqa: BLE001 - the older path says what it means
             raise Unreadable(f"{type(e).__name__}: {e}") from e
         starts = np.array([a for a, _ in merged], np.int64)
-        raw: list[memoryview] = [memoryview(b"")] * len(wanted)
-        for (off, size), n in wanted.items():
+        raw: list[memoryview] = [memoryview(b"")] * len(plan.wanted)
+        for (off, size), n in plan.wanted.items():
             m = int(np.searchsorted(starts, off, side="right") - 1)
             at = off - int(starts[m])
             raw[n] = memoryview(blobs[m])[at:at + size]
-        arrays = {}
-        for c in read:
-            leaf = lay.leaves[c]
-            page_of, local = plan[c]
-            uniq, inv = np.unique(page_of, return_inverse=True)
-            try:
-                dicts = {d: decode_dictionary(raw[d], codecs[d]) for d in {dict_of[u] for u in uniq.tolist() if u in dict_of}}
-                pages = [decode_page(raw[u], leaf, codecs[u], dicts.get(dict_of.get(u, -1))) for u in uniq.tolist()]
-                for w, r in zip(inv.tolist(), local.tolist()):
-                    if r >= len(pages[w].start):
-                        raise Unreadable("row beyond its page")
-                arrays[c] = assemble(leaf, pages, inv, local)
-            except Unreadable:
-                raise
-            except Exception as e:  # noqa: BLE001 - bytes that do not decode
-                raise Unreadable(f"column {c}: {type(e).__name__}: {e}") from e
-        arrays["key"] = pa.array(keys, pa.string())
-        got = pa.table({c: arrays[c] for c in [*cols, HASH_COLUMN]})
-        if not check:
-            return got
-        if len(mismatches(got, cols, lay.hashed)):
-            raise Unreadable("a row fails its digest")
-        self.count(len(got), 0)
-        return got.select(cols)
+        return raw
 
     def count(self, rows: int, left: int) -> None:
         with self._lock:
