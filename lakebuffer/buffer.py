@@ -257,7 +257,7 @@ class ReplayBuffer:
             if not batches:
                 self.index.delete_setting("warming")
             if batches:
-                self._promotion.warm(reversed(batches))
+                self._promotion.warm(reversed(batches), background=True)
 
     def _shutdown_parts(self) -> None:
         """Release what a failed open had started (best effort; the first error is what matters)."""

@@ -92,6 +92,29 @@ def test_lazy_resume_warms_in_the_background_within_the_disk_budget(tmp_path):
     assert not set(new) & set(keys)
 
 
+def test_background_warming_waits_while_cold_reads_run(tmp_path):
+    """Warming decodes whole row groups on the write-back worker: on 2 cores it tripled a resumed run's
+    first ``sample + get`` calls, so it waits while cold reads run (bounded per batch) and goes on after."""
+    from lakebuffer.engine import promotion
+
+    lake, src, nbytes = _lake(tmp_path)
+    with lb.ReplayBuffer.open(tmp_path / "fresh", lake=lake, run_id="om", snapshot_interval_s=0,
+                              memory_limit_mb=8, disk_limit_gb=3 * nbytes / 2**30) as b:
+        cold0 = b.stats()["tiers"]["cold"]["rows"]
+        assert cold0 == ROWS * VERSIONS
+        keys = b.sample(ROWS * VERSIONS, seed=0, columns=["key"]).column("key").to_pylist()
+        reading_until = time.monotonic() + 4 * promotion.YIELD_S  # shorter than YIELD_TIMES waits
+        i = 0
+        while time.monotonic() < reading_until:  # cold reads back to back
+            b.get(keys[i % len(keys):i % len(keys) + 8], columns=["response_ids"])
+            i += 8
+        assert b.stats()["tiers"]["cold"]["rows"] == cold0  # nothing warmed while the reads ran
+        deadline = time.monotonic() + 60
+        while b.stats()["tiers"]["cold"]["rows"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert b.stats()["tiers"]["cold"]["rows"] == 0  # and all of it once they stopped
+
+
 def test_eager_restore_makes_every_row_local_before_open_returns(tmp_path):
     """``restore="eager"``: verified local copies of the run's lake files (``tiers/mirror``); when open
     returns every row reads without the lake (get, sample, sql), each once."""

@@ -7,6 +7,7 @@ back live from the catalog, which owns replay counts.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -90,6 +91,14 @@ def _fetch(s: BufferState, keys: list[str], fetch: list[str], retry: bool) -> pa
 
 def _take_cold(s: BufferState, keys: list[str], batch: np.ndarray, columns: list[str], where: Location,
                retry: bool) -> pa.Table:
+    try:
+        return _take_cold_once(s, keys, batch, columns, where, retry)
+    finally:
+        s.last_cold_read = time.monotonic()  # a lazy resume's background warming yields to cold reads
+
+
+def _take_cold_once(s: BufferState, keys: list[str], batch: np.ndarray, columns: list[str], where: Location,
+                    retry: bool) -> pa.Table:
     """Cold rows from their lake locations (``where``, read under the lock). A stale location (compaction,
     lake deletes) is found again and recorded, and the keys are fetched once more, planned by tier anew:
     meanwhile a promotion may have moved their batch to the warm tier (and dropped its cold locations)."""

@@ -7,7 +7,8 @@ files, only the ``key`` and the metadata columns (the catalog's ``meta``: a few 
 token lists), and records each row group as one cold batch: its keys, its metadata and each row's lake
 location (file, row in file) in one index write (``KeyIndex.record_cold_batch``). ``sample``/``get`` are
 served from the cold tier at once; ``"lazy"`` then warms the batches on the write-back worker, newest
-first, while they fit ``disk_limit_gb`` (``ColdPromotion.warm``), ``"cold"`` leaves them in the lake
+first, while they fit ``disk_limit_gb`` (``ColdPromotion.warm``), each waiting while cold reads run
+(``promotion.YIELD_S``, at most ``YIELD_TIMES`` times: the reads come first), ``"cold"`` leaves them in the lake
 until a read promotes them (``promote_cold_reads``).
 
 Integrity: the metadata columns are read with Parquet page checksums (every page read is checked); a

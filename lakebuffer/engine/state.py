@@ -45,6 +45,8 @@ class BufferState:
     #: batches a snapshot step is uploading now (``engine/snapshots``): a delete of their rows leaves a
     #: tombstone, as for snapshotted rows, so rows the step read before the delete leave the lake next time
     uploading: set[int] = field(default_factory=set)
+    #: when the last cold read ended (``time.monotonic``): background warming yields to cold reads
+    last_cold_read: float = 0.0
 
     def meta_of(self, batch_id: int, table: pa.Table) -> pa.Table:
         """The catalog rows of a batch: its metadata columns plus ``_batch``."""

@@ -286,33 +286,24 @@ class PageReader:
     def _by_row_reader(self, items: list[tuple[dict, list[str]]], columns: list[str], rows: list[np.ndarray]
                        ) -> tuple[list[tuple[dict, list[str]]], list[tuple[list[int], pa.Table, np.ndarray]], list[int]]:
         """(items, groups the row reader read: one per set of columns, items it left)."""
-        by_cols: dict[tuple, list[tuple[int, pa.Table]]] = {}
-        left: list[int] = []
-        results = self.rows.take_many([(e, k, rows[i]) for i, (e, k) in enumerate(items)], columns)
-        for i, t in enumerate(results):
-            try:
-                if isinstance(t, Unreadable):
-                    raise t
-                hashed = self.rows.layout(items[i][0]).hashed  # held: just read (or read again)
-            except Unreadable:
-                left.append(i)
-                continue
-            by_cols.setdefault((tuple(t.column_names), tuple(hashed or ())), []).append((i, t))
+        groups, errors = self.rows.take_grouped([(e, k, rows[i]) for i, (e, k) in enumerate(items)], columns)
+        left = sorted(errors)
         out = []
-        for (names, hashed), got in by_cols.items():
+        for members, table, hashed in groups:
             # one digest pass over every file's rows; a file with a failing row goes to DataFusion
-            table = pa.concat_tables([t for _, t in got])
-            cols = [c for c in names if c != HASH_COLUMN]
-            bad = mismatches(table, cols, list(hashed))
+            cols = [c for c in table.column_names if c != HASH_COLUMN]
+            bad = mismatches(table, cols, hashed)
             if len(bad):
-                ends = np.cumsum([t.num_rows for _, t in got])
+                ends = np.cumsum([len(items[i][1]) for i in members])
                 failed = set(np.searchsorted(ends, bad, side="right").tolist())
-                left.extend(got[j][0] for j in sorted(failed))
-                got = [g for j, g in enumerate(got) if j not in failed]
-                if not got:
+                left.extend(members[j] for j in sorted(failed))
+                keep = np.concatenate([np.arange(a, b) for j, (a, b) in enumerate(zip(np.concatenate([[0], ends[:-1]]), ends))
+                                       if j not in failed] or [np.zeros(0, np.int64)])
+                members = [m for j, m in enumerate(members) if j not in failed]
+                if not members:
                     continue
-                table = pa.concat_tables([t for _, t in got])
-            out.append(([i for i, _ in got], table.select(cols), np.arange(len(table), dtype=np.int64)))
+                table = table.take(pa.array(keep))
+            out.append((members, table.select(cols), np.arange(len(table), dtype=np.int64)))
         self.rows.count(sum(len(t) for _m, t, _p in out), len(left))
         return items, out, sorted(left)
 
