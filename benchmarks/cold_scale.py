@@ -599,8 +599,14 @@ def main() -> None:
     ap.add_argument("--evict-cache", action="store_true",
                     help="local: drop the lake's, Lance's and buffer's pages from the page cache before measuring")
     ap.add_argument("--out", type=Path, default=None, help="JSON; a .md with the table goes next to it")
+    ap.add_argument("--page-kb", type=int, default=None,
+                    help="build with this Parquet data page size (default: the lake writer's); a probe")
     ap.add_argument("--child", nargs=2, metavar=("OP", "SPEC"), help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.page_kb:
+        import lakebuffer.lake.writer as lake_writer
+
+        lake_writer.DATA_PAGE_BYTES = a.page_kb * 1024
     if a.child:
         print(json.dumps(child(a.child[0], json.loads(a.child[1]))), flush=True)
         return
