@@ -185,6 +185,19 @@ def test_a_buffers_cold_get_is_served_by_the_row_reader(tmp_path):
         _check_buffer_get(buf, _fill(buf))
 
 
+def test_a_get_larger_than_a_part_is_read_part_by_part(tmp_path, monkeypatch):
+    import lakebuffer.lake.rowpages as rowpages
+
+    monkeypatch.setattr(rowpages, "PART_BYTES", 64 * 1024)  # a few files' pages a part (memory bound)
+    parts = []
+    real = rowpages.RowPages._bodies_of
+    monkeypatch.setattr(rowpages.RowPages, "_bodies_of",
+                        lambda self, items, plans, part, errors: parts.append(len(part)) or real(self, items, plans, part, errors))
+    with _cold_buffer(tmp_path / "buf", str(tmp_path / "lake")) as buf:
+        _check_buffer_get(buf, _fill(buf))
+    assert len(parts) > 1
+
+
 def test_a_buffers_cold_get_on_s3_is_served_by_the_row_reader(tmp_path, s3_server, s3_bucket):
     with _cold_buffer(tmp_path / "buf", f"{s3_bucket}/lake", storage_options=s3_server.storage_options) as buf:
         _check_buffer_get(buf, _fill(buf, batches=10))

@@ -40,6 +40,8 @@ TAIL_BYTES = 64 * 1024
 #: two page ranges of one file this close are read as one (a gap costs less than a request)
 MERGE_GAP = 16 * 1024
 LAYOUT_THREADS = 8  # files whose footers are read at once
+#: compressed page bytes one part of a take reads and decompresses at once (RAM: ~3x this while it runs)
+PART_BYTES = 16 << 20
 INDEX_BYTES_FACTOR = 3  # RAM held per byte of a file's offset indexes (``parse_layout``), measured
 FETCH_THREADS = 8  # files of an object store whose pages are read at once
 _CODECS = {0: None, 1: "snappy", 2: "gzip", 4: "brotli", 6: "zstd"}
@@ -543,11 +545,12 @@ def _finish_together(plans: list[_Plan], bodies: list[dict], keys: list[list[str
     return pa.table({c: arrays[c] for c in [*first.cols, HASH_COLUMN]})
 
 
-def _bodies(jobs: list[tuple[int, int, memoryview]], plans: list) -> list[dict]:
-    """``_page_body`` of every (item, page number, raw bytes), split over ``BODY_THREADS`` threads."""
+def _bodies(jobs: list[tuple[int, int, memoryview]], plans: list) -> dict[int, dict]:
+    """``_page_body`` of every (item, page number, raw bytes), split over ``BODY_THREADS`` threads:
+    {item: {page number: (header, body) or Unreadable}}."""
     from .runtime import native_call
 
-    out: list[dict[int, tuple[Any, np.ndarray] | Unreadable]] = [{} for _ in plans]
+    out: dict[int, dict] = {i: {} for i, _n, _r in jobs}
 
     def run(part: list[tuple[int, int, memoryview]]) -> None:
         with native_call("decompressing lake pages"):
@@ -699,17 +702,18 @@ class RowPages:
                   ) -> list[pa.Table | Unreadable]:
         """``take(..., check=False)`` of several files: per item its rows with ``_lb_hash`` (unchecked),
         or why it cannot be served."""
-        plans, bodies, errors = self._read_pages(items, columns)
-        out: list[pa.Table | Unreadable] = []
-        for i, (_entry, keys, _rows) in enumerate(items):
-            plan = plans[i]
-            if i in errors or plan is None:
-                out.append(errors.get(i) or Unreadable("not planned"))
-                continue
-            try:
-                out.append(plan.finish(bodies[i], keys))
-            except Unreadable as e:
-                out.append(e)
+        plans, errors = self._plans(items, columns)
+        out: list[pa.Table | Unreadable] = [Unreadable("not read")] * len(items)
+        for part in self._parts(plans, errors):
+            bodies = self._bodies_of(items, plans, part, errors)
+            for i in part:
+                if i not in errors:
+                    try:
+                        out[i] = plans[i].finish(bodies.get(i, {}), items[i][1])  # type: ignore[union-attr]
+                    except Unreadable as e:
+                        errors[i] = e
+        for i, e in errors.items():
+            out[i] = e
         return out
 
     def take_grouped(self, items: list[tuple[dict, list[str], np.ndarray]], columns: list[str]
@@ -717,36 +721,38 @@ class RowPages:
         """``take_many`` with the rows of all files that share columns, types and digest layout
         assembled at once (a get touches ~100 files of an 8 GB lake: per-file assembly cost more than
         decoding): ``([(items, their rows in item order with _lb_hash (unchecked), the columns the
-        digests cover)], {item: why it was not served})``."""
-        plans, bodies, errors = self._read_pages(items, columns)
-        groups: dict[tuple, list[int]] = {}
-        for i, plan in enumerate(plans):
-            if plan is not None and i not in errors:
-                sig = (tuple(plan.read), tuple(plan.lay.hashed or ()),
-                       tuple((str(plan.lay.leaves[c]), plan.lay.leaves[c].arrow) for c in plan.read))
-                groups.setdefault(sig, []).append(i)
+        digests cover)], {item: why it was not served})``. Files are read in parts of at most
+        ``PART_BYTES`` of pages (memory: a part's pages are held compressed and decompressed at once)."""
+        plans, errors = self._plans(items, columns)
         out: list[tuple[list[int], pa.Table, list[str]]] = []
-        for members in groups.values():
-            try:
-                table = _finish_together([plans[i] for i in members], [bodies[i] for i in members],  # type: ignore[misc]
-                                         [items[i][1] for i in members])
-                out.append((members, table, list(plans[members[0]].lay.hashed or [])))  # type: ignore[union-attr]
-                continue
-            except Unreadable:
-                pass
-            for i in members:  # a page of one of them does not decode: which? one by one
+        for part in self._parts(plans, errors):
+            bodies = self._bodies_of(items, plans, part, errors)
+            groups: dict[tuple, list[int]] = {}
+            for i in part:
+                plan = plans[i]
+                if plan is not None and i not in errors:
+                    sig = (tuple(plan.read), tuple(plan.lay.hashed or ()),
+                           tuple((str(plan.lay.leaves[c]), plan.lay.leaves[c].arrow) for c in plan.read))
+                    groups.setdefault(sig, []).append(i)
+            for members in groups.values():
                 try:
-                    t = plans[i].finish(bodies[i], items[i][1])  # type: ignore[union-attr]
-                    out.append(([i], t, list(plans[i].lay.hashed or [])))  # type: ignore[union-attr]
-                except Unreadable as e:
-                    errors[i] = e
+                    table = _finish_together([plans[i] for i in members], [bodies.get(i, {}) for i in members],  # type: ignore[misc]
+                                             [items[i][1] for i in members])
+                    out.append((members, table, list(plans[members[0]].lay.hashed or [])))  # type: ignore[union-attr]
+                    continue
+                except Unreadable:
+                    pass
+                for i in members:  # a page of one of them does not decode: which? one by one
+                    try:
+                        t = plans[i].finish(bodies.get(i, {}), items[i][1])  # type: ignore[union-attr]
+                        out.append(([i], t, list(plans[i].lay.hashed or [])))  # type: ignore[union-attr]
+                    except Unreadable as e:
+                        errors[i] = e
+            del bodies
         return out, errors
 
-    def _read_pages(self, items: list[tuple[dict, list[str], np.ndarray]], columns: list[str]
-                    ) -> tuple[list[_Plan | None], list[dict], dict[int, Unreadable]]:
-        """Plan, read and decompress the pages of every item: (plans, page bodies per item, errors).
-        Pages are read file by file (on an object store ``FETCH_THREADS`` files at once), then
-        CRC-checked and decompressed on ``BODY_THREADS`` threads (native work, without the GIL)."""
+    def _plans(self, items: list[tuple[dict, list[str], np.ndarray]], columns: list[str]
+               ) -> tuple[list[_Plan | None], dict[int, Unreadable]]:
         errors: dict[int, Unreadable] = {}
         plans: list[_Plan | None] = []
         for i, (entry, keys, rows) in enumerate(items):
@@ -755,28 +761,47 @@ class RowPages:
             except Unreadable as e:
                 plans.append(None)
                 errors[i] = e
+        return plans, errors
 
+    @staticmethod
+    def _parts(plans: list[_Plan | None], errors: dict[int, Unreadable]) -> list[list[int]]:
+        """The planned items in runs of at most ``PART_BYTES`` of pages (one item may exceed it alone)."""
+        parts: list[list[int]] = [[]]
+        held = 0
+        for i, plan in enumerate(plans):
+            if plan is None or i in errors:
+                continue
+            size = sum(n for _o, n in plan.wanted)
+            if parts[-1] and held + size > PART_BYTES:
+                parts.append([])
+                held = 0
+            parts[-1].append(i)
+            held += size
+        return [p for p in parts if p]
+
+    def _bodies_of(self, items: list[tuple[dict, list[str], np.ndarray]], plans: list[_Plan | None],
+                   part: list[int], errors: dict[int, Unreadable]) -> dict[int, dict]:
+        """Read and decompress the pages of the items of ``part``: {item: {page: (header, body)}}.
+        Pages are read file by file (on an object store ``FETCH_THREADS`` files at once), then
+        CRC-checked and decompressed on ``BODY_THREADS`` threads (native work, without the GIL)."""
         def fetch(i: int) -> list[memoryview] | Unreadable:
-            plan = plans[i]
-            if plan is None:
-                return errors[i]
             try:
-                return self._fetch(items[i][0], plan)
+                return self._fetch(items[i][0], plans[i])  # type: ignore[arg-type]
             except Unreadable as e:
                 return e
 
-        if self.store.native_local or len(items) < 2:
-            raws = [fetch(i) for i in range(len(items))]
+        if self.store.native_local or len(part) < 2:
+            raws = [fetch(i) for i in part]
         else:  # an object store: the files' requests overlap
-            with ThreadPoolExecutor(min(FETCH_THREADS, len(items)), thread_name_prefix="lakebuffer-pages") as pool:
-                raws = list(pool.map(fetch, range(len(items))))
+            with ThreadPoolExecutor(min(FETCH_THREADS, len(part)), thread_name_prefix="lakebuffer-pages") as pool:
+                raws = list(pool.map(fetch, part))
         jobs = []
-        for i, raw in enumerate(raws):
+        for i, raw in zip(part, raws):
             if isinstance(raw, Unreadable):
                 errors[i] = raw
             else:
                 jobs.extend((i, n, r) for n, r in enumerate(raw))
-        return plans, _bodies(jobs, plans), errors
+        return _bodies(jobs, plans)
 
     def _plan(self, entry: dict, keys: list[str], rows: np.ndarray, columns: list[str]) -> _Plan:
         lay = self.layout(entry)
