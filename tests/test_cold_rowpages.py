@@ -23,7 +23,7 @@ from lakebuffer.lake.fs import LakeFS
 from lakebuffer.lake.rowhash import HASH_COLUMN, hash_column, schema_with_hash
 from lakebuffer.lake.rowpages import RowPages, Unreadable
 from lakebuffer.lake.writer import by_key, parquet_options
-from tests.rollouts import make_rollouts
+from tests.test_cold_pages import _fill
 
 
 def _table(n: int = 300, seed: int = 0) -> pa.Table:
@@ -151,18 +151,6 @@ def _cold_buffer(path: Path, lake: str, **kw) -> lb.ReplayBuffer:
     return lb.ReplayBuffer.open(path, lake=lake, memory_limit_mb=2, snapshot_interval_s=0, disk_limit_gb=2 / 1024, **kw)
 
 
-def _fill(buf: lb.ReplayBuffer, batches: int = 16) -> pa.Table:
-    pushed = []
-    for i in range(batches):
-        t = make_rollouts(64, tokens=256, version=i % 3, seed=i)
-        pushed.append(t.append_column("key", buf.push(t)))
-        if i % 4 == 3:
-            buf.snapshot(wait=True)
-    buf.snapshot(wait=True)
-    buf.flush()
-    return pa.concat_tables(pushed)
-
-
 def _cold(buf: lb.ReplayBuffer) -> list[str]:
     return buf.sql("SELECT key FROM cold_rows ORDER BY key").column("key").to_pylist()
 
@@ -182,7 +170,7 @@ def _check_buffer_get(buf: lb.ReplayBuffer, ref: pa.Table) -> None:
 
 def test_a_buffers_cold_get_is_served_by_the_row_reader(tmp_path):
     with _cold_buffer(tmp_path / "buf", str(tmp_path / "lake")) as buf:
-        _check_buffer_get(buf, _fill(buf))
+        _check_buffer_get(buf, _fill(buf, batches=16))
 
 
 def test_a_get_larger_than_a_part_is_read_part_by_part(tmp_path, monkeypatch):
@@ -194,7 +182,7 @@ def test_a_get_larger_than_a_part_is_read_part_by_part(tmp_path, monkeypatch):
     monkeypatch.setattr(rowpages.RowPages, "_bodies_of",
                         lambda self, items, plans, part, errors: parts.append(len(part)) or real(self, items, plans, part, errors))
     with _cold_buffer(tmp_path / "buf", str(tmp_path / "lake")) as buf:
-        _check_buffer_get(buf, _fill(buf))
+        _check_buffer_get(buf, _fill(buf, batches=16))
     assert len(parts) > 1
 
 
@@ -205,7 +193,7 @@ def test_a_buffers_cold_get_on_s3_is_served_by_the_row_reader(tmp_path, s3_serve
 
 def test_a_damaged_page_in_the_buffers_lake_is_a_corruption_error_naming_the_file(tmp_path):
     with _cold_buffer(tmp_path / "buf", str(tmp_path / "lake")) as buf:
-        _fill(buf)
+        _fill(buf, batches=16)
         cold = _cold(buf)
         key = cold[len(cold) // 2]
         before = buf.get([key], ["response_ids"])

@@ -275,7 +275,7 @@ class PageReader:
         read by it (``lake/rowpages.py``); the others, and any it could not verify, by DataFusion."""
         fast: list[tuple[list[int], pa.Table, np.ndarray]] = []
         if rows is not None:
-            items, fast, left = self._by_row_reader(items, columns, rows)
+            fast, left = self._by_row_reader(items, columns, rows)
             if not left:
                 return fast, {}
         else:
@@ -286,8 +286,8 @@ class PageReader:
         return fast, {left[i]: e for i, e in errors.items()}
 
     def _by_row_reader(self, items: list[tuple[dict, list[str]]], columns: list[str], rows: list[np.ndarray]
-                       ) -> tuple[list[tuple[dict, list[str]]], list[tuple[list[int], pa.Table, np.ndarray]], list[int]]:
-        """(items, groups the row reader read: one per set of columns, items it left)."""
+                       ) -> tuple[list[tuple[list[int], pa.Table, np.ndarray]], list[int]]:
+        """(groups the row reader read: one per set of columns, items it left)."""
         groups, errors = self.rows.take_grouped([(e, k, rows[i]) for i, (e, k) in enumerate(items)], columns)
         left = sorted(errors)
         out = []
@@ -307,7 +307,7 @@ class PageReader:
                 table = table.take(pa.array(keep))
             out.append((members, table.select(cols), np.arange(len(table), dtype=np.int64)))
         self.rows.count(sum(len(t) for _m, t, _p in out), len(left))
-        return items, out, sorted(left)
+        return out, sorted(left)
 
     def _take_datafusion(self, items: list[tuple[dict, list[str]]], columns: list[str]
                          ) -> tuple[list[tuple[list[int], pa.Table, np.ndarray]], dict[int, Exception]]:

@@ -56,7 +56,7 @@ class Unreadable(Exception):
     """This reader does not serve the file (or these rows of it): the caller reads it the older way."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class Leaf:
     """How one top-level column is stored: its Arrow type and the Parquet levels of its leaf."""
 
@@ -295,21 +295,11 @@ def _byte_arrays(data: np.ndarray, n: int) -> pa.Array:
     return pa.array(unpack_byte_array_arrow(np.ascontiguousarray(data), n), pa.string())
 
 
-def decode_dictionary(raw: bytes | memoryview, codec: str | None) -> pa.Array:
-    """A string column chunk's dictionary page."""
-    return dictionary_of(*_page_body(raw, codec))
-
-
 def dictionary_of(ph: Any, body: np.ndarray) -> pa.Array:
     """The strings of a dictionary page (header and uncompressed body)."""
     if ph.type != 2 or ph.dictionary_page_header is None or ph.dictionary_page_header.encoding not in (_PLAIN, 2):
         raise Unreadable("not a PLAIN dictionary page")
     return _byte_arrays(body, ph.dictionary_page_header.num_values)
-
-
-def decode_page(raw: bytes | memoryview, leaf: Leaf, codec: str | None, dictionary: pa.Array | None = None) -> Page:
-    """One v1 data page of ``leaf``'s column (``dictionary``: its chunk's, for dictionary-coded strings)."""
-    return page_of(*_page_body(raw, codec), leaf, dictionary)
 
 
 def page_of(ph: Any, body: np.ndarray, leaf: Leaf, dictionary: pa.Array | None = None) -> Page:
@@ -474,34 +464,7 @@ class _Plan:
 
     def finish(self, bodies: dict[int, tuple[Any, np.ndarray] | Unreadable], keys: list[str]) -> pa.Table:
         """The rows (``key`` + columns + ``_lb_hash``, unchecked) from the pages' bodies."""
-        def body(n: int) -> tuple[Any, np.ndarray]:
-            got = bodies.get(n)
-            if got is None or isinstance(got, Unreadable):
-                raise got or Unreadable("page not read")
-            return got
-
-        arrays = {}
-        for c in self.read:
-            leaf = self.lay.leaves[c]
-            page_of, local = self.rows[c]
-            uniq, inv = np.unique(page_of, return_inverse=True)
-            try:
-                dicts = {d: dictionary_of(*body(d)) for d in {self.dict_of[u] for u in uniq.tolist() if u in self.dict_of}}
-                pages = [page_of_body(body(u), leaf, dicts.get(self.dict_of.get(u, -1))) for u in uniq.tolist()]
-                for w, r in zip(inv.tolist(), local.tolist()):
-                    if r >= len(pages[w].start):
-                        raise Unreadable("row beyond its page")
-                arrays[c] = assemble(leaf, pages, inv, local)
-            except Unreadable:
-                raise
-            except Exception as e:  # noqa: BLE001 - bytes that do not decode
-                raise Unreadable(f"column {c}: {type(e).__name__}: {e}") from e
-        arrays["key"] = pa.array(keys, pa.string())
-        return pa.table({c: arrays[c] for c in [*self.cols, HASH_COLUMN]})
-
-
-def page_of_body(got: tuple[Any, np.ndarray], leaf: Leaf, dictionary: pa.Array | None) -> Page:
-    return page_of(got[0], got[1], leaf, dictionary)
+        return _finish_together([self], [bodies], [keys])
 
 
 def _finish_together(plans: list[_Plan], bodies: list[dict], keys: list[list[str]]) -> pa.Table:
@@ -521,9 +484,9 @@ def _finish_together(plans: list[_Plan], bodies: list[dict], keys: list[list[str
     arrays = {}
     for c in first.read:
         leaf = first.lay.leaves[c]
-        page_of = np.concatenate([p.rows[c][0] + base[i] for i, p in enumerate(plans)])
+        page_ids = np.concatenate([p.rows[c][0] + base[i] for i, p in enumerate(plans)])
         local = np.concatenate([p.rows[c][1] for p in plans])
-        uniq, inv = np.unique(page_of, return_inverse=True)
+        uniq, inv = np.unique(page_ids, return_inverse=True)
         try:
             dicts: dict[int, pa.Array] = {}
             pages = []
@@ -532,7 +495,7 @@ def _finish_together(plans: list[_Plan], bodies: list[dict], keys: list[list[str
                 d = plans[i].dict_of.get(g - bases[i])
                 if d is not None and d + bases[i] not in dicts:
                     dicts[d + bases[i]] = dictionary_of(*body(d + bases[i]))
-                pages.append(page_of_body(body(g), leaf, None if d is None else dicts[d + bases[i]]))
+                pages.append(page_of(*body(g), leaf, None if d is None else dicts[d + bases[i]]))
             sizes = np.array([len(pg.start) for pg in pages], np.int64)
             if (local >= sizes[inv]).any():
                 raise Unreadable("row beyond its page")
@@ -732,7 +695,7 @@ class RowPages:
                 plan = plans[i]
                 if plan is not None and i not in errors:
                     sig = (tuple(plan.read), tuple(plan.lay.hashed or ()),
-                           tuple((str(plan.lay.leaves[c]), plan.lay.leaves[c].arrow) for c in plan.read))
+                           tuple(plan.lay.leaves[c] for c in plan.read))
                     groups.setdefault(sig, []).append(i)
             for members in groups.values():
                 try:
@@ -817,7 +780,7 @@ class RowPages:
         plan = _Plan(lay, cols, read)
         # which page of each column holds each row; one read per distinct page (adjacent ones merged)
         for c in read:
-            page_of = np.empty(len(rows), np.int64)
+            page_ids = np.empty(len(rows), np.int64)
             local = np.empty(len(rows), np.int64)
             for g in np.unique(rg).tolist():
                 ch = lay.chunks[g].get(c)
@@ -829,9 +792,9 @@ class RowPages:
                 ids = np.empty(len(p), np.int64)
                 for j, (off, size) in enumerate(zip(offsets[p].tolist(), sizes[p].tolist())):
                     ids[j] = plan.page((off, size), ch.codec, ch.dictionary)
-                page_of[sel] = ids
+                page_ids[sel] = ids
                 local[sel] = in_rg[sel] - first_rows[p]
-            plan.rows[c] = (page_of, local)
+            plan.rows[c] = (page_ids, local)
         return plan
 
     def _fetch(self, entry: dict, plan: _Plan) -> list[memoryview]:
