@@ -66,6 +66,7 @@ def test_damaged_lake_leaves_local_tiers_open_and_reported(tmp_path, damage):
 
 
 # 6. an interrupted restore is resumed or refused, never half-open -------------------------------
+@pytest.mark.slow  # ~25 s: 50 MB through moto, then an outage; `make test-slow` runs it
 def test_restore_interrupted_by_an_s3_outage_is_refused_then_resumed(tmp_path, s3_server, s3_bucket):
     url, opts = f"{s3_bucket}/lake", s3_server.storage_options
     src = lb.ReplayBuffer.open(tmp_path / "src", lake=url, storage_options=opts, snapshot_interval_s=0,
@@ -119,6 +120,7 @@ def test_a_backlog_is_committed_in_bounded_steps_and_the_lag_is_reported(tmp_pat
     assert all(len(m["meta"]["batches"]) == 1 for m in ms)
 
 
+@pytest.mark.slow  # ~11 s of continuous pushes; `make test-slow` runs it
 def test_periodic_snapshots_catch_up_under_continuous_pushes(tmp_path):
     import threading
     import time
