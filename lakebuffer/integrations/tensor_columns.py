@@ -94,17 +94,40 @@ def _torch_dtype(dtype: Any) -> torch.dtype | None:
     return found if isinstance(found, torch.dtype) else None
 
 
-def _owned(arr: pa.Array, dtype: torch.dtype | None) -> torch.Tensor:
-    """A tensor of ``dtype`` that owns its memory: Arrow buffers are immutable (and may sit in a
-    received message), while TransferQueue consumers may write into what they get. One copy,
-    fused with the cast back to the recorded dtype when there is one."""
+def _owned(arr: pa.Array, dtype: torch.dtype | None, private: bool = False) -> torch.Tensor:
+    """A tensor of ``dtype`` the caller may write into: TransferQueue consumers may write into what
+    they get. A private, writable, aligned buffer of the right type (a reply's frame) is used in
+    place: 16 x 16,384 tokens, 1.3 ms of copy and first-touch faults a field saved. Anything else
+    (shared or read-only buffers, a cast back to the recorded dtype, nulls) is one copy, fused with
+    the cast."""
+    view = _writable_view(arr, dtype) if private else None
+    if view is not None:
+        return torch.from_numpy(view)
     return torch.tensor(arr.to_numpy(zero_copy_only=False), dtype=dtype)
 
 
-def to_field(column: pa.Array | pa.ChunkedArray, schema: dict[str, Any]) -> Any:
+def _writable_view(arr: pa.Array, dtype: torch.dtype | None) -> np.ndarray | None:
+    """``arr``'s values as a writable numpy view of its own buffer, or None when there is none."""
+    if arr.null_count or not (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)):
+        return None
+    np_type = arr.type.to_pandas_dtype()
+    if dtype is not None and torch.from_numpy(np.empty(0, np_type)).dtype != dtype:
+        return None
+    data = arr.buffers()[1]
+    item = np.dtype(np_type).itemsize
+    if data is None or not data.is_mutable or (data.address + arr.offset * item) % item:
+        return None
+    return np.frombuffer(data, dtype=np_type, count=len(arr), offset=arr.offset * item)
+
+
+def to_field(column: pa.Array | pa.ChunkedArray, schema: dict[str, Any], private: bool = False) -> Any:
     """An Arrow column read back as the batched field TransferQueue recorded in ``schema``
-    (its ``dtype``, per-sample ``shape``, ``is_nested``, ``is_non_tensor``)."""
-    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    (its ``dtype``, per-sample ``shape``, ``is_nested``, ``is_non_tensor``). ``private``: the column's
+    buffers belong to this call alone (a reply just received), so writable ones are used in place."""
+    if isinstance(column, pa.ChunkedArray):  # combine_chunks copies even a single chunk
+        arr = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    else:
+        arr = column
     n = len(arr)
     if schema.get("is_non_tensor") or pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
         return NonTensorStack(*arr.to_pylist())
@@ -112,7 +135,7 @@ def to_field(column: pa.Array | pa.ChunkedArray, schema: dict[str, Any]) -> Any:
     if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
         # TransferQueue's default backend hands every field with per-sample dims back as a jagged
         # nested tensor (dense puts included) and a 1-D field as a dense (B,) tensor: the same forms here
-        values = _owned(arr.flatten(), dtype)
+        values = _owned(arr.flatten(), dtype, private)
         shape = schema.get("shape")
         per_sample = schema.get("per_sample_shapes")
         first = tuple(shape) if shape else (tuple(per_sample[0]) if per_sample and per_sample[0] is not None else ())
@@ -121,4 +144,4 @@ def to_field(column: pa.Array | pa.ChunkedArray, schema: dict[str, Any]) -> Any:
         lengths = np.asarray(arr.value_lengths().to_numpy(zero_copy_only=False), dtype=np.int64)
         offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]) // width)
         return torch.nested.nested_tensor_from_jagged(values.reshape(-1, *inner), offsets)
-    return _owned(arr, dtype).reshape(n)
+    return _owned(arr, dtype, private).reshape(n)

@@ -296,7 +296,8 @@ class LakeBufferStorageClient(StorageKVClient):
                 if self.column_of(field) in self.json_cols:
                     out[field] = NonTensorStack(*[json.loads(t) for t in column.to_pylist()])
                 else:
-                    out[field] = to_field(column, field_schema.get(field, {}))
+                    # a reply's buffers are this call's alone (a deserialized copy: the store is another process)
+                    out[field] = to_field(column, field_schema.get(field, {}), private=True)
         return out
 
     def clear_samples(self, partition: str, indexes: Sequence[int]) -> int:

@@ -345,6 +345,38 @@ def test_jagged_fields_with_inner_dims_round_trip_as_one_list_column(layout):
     assert back.is_nested and [t.tolist() for t in back.unbind()] == [p.tolist() for p in parts]
 
 
+def test_a_received_reply_is_read_in_place_and_anything_shared_is_copied():
+    """A get's reply buffers (writable, this call's alone) become the tensors without a copy; a shared
+    or read-only column, or one that needs a cast, is copied, so writing into the result changes nothing else."""
+    import pickle
+
+    from lakebuffer.integrations.tensor_columns import to_field
+
+    table = pa.table({"ids": pa.array([np.arange(8, dtype=np.int64)] * 3), "score": pa.array([1.0, 2.0, 3.0])})
+    frames: list[pickle.PickleBuffer] = []
+    head = pickle.dumps(table, protocol=5, buffer_callback=frames.append)
+    received = pickle.loads(head, buffers=[memoryview(bytearray(f.raw())) for f in frames])  # as the wire does
+    schema = {"dtype": torch.int64, "is_nested": True}
+
+    ids = to_field(received.column("ids"), schema, private=True)
+    values = received.column("ids").chunk(0).flatten()
+    assert ids.values().data_ptr() == values.buffers()[1].address  # in place
+    ids.values()[0] = 99  # writable, and only this reply sees it
+    assert values.to_pylist()[0] == 99 and table.column("ids").to_pylist()[0][0] == 0
+    score = to_field(received.column("score"), {"dtype": torch.float64}, private=True)
+    assert score.data_ptr() == received.column("score").chunk(0).buffers()[1].address
+
+    shared = to_field(table.column("ids"), schema)  # not private: a copy
+    assert shared.values().data_ptr() != table.column("ids").chunk(0).flatten().buffers()[1].address
+    shared.values()[1] = -1
+    assert table.column("ids").to_pylist()[0][1] == 1
+    cast = to_field(received.column("score"), {"dtype": torch.float32}, private=True)  # a cast: a copy
+    assert cast.dtype == torch.float32 and cast.tolist() == [1.0, 2.0, 3.0]
+    read_only = pickle.loads(head, buffers=[bytes(f.raw()) for f in frames])  # Ray's read-only objects
+    kept = to_field(read_only.column("ids"), schema, private=True)
+    assert kept.values().data_ptr() != read_only.column("ids").chunk(0).flatten().buffers()[1].address
+
+
 def test_kv_contract_strings_and_refusals():
     from lakebuffer.integrations.tensor_columns import to_arrow, to_field
 
