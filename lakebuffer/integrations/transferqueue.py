@@ -47,7 +47,7 @@ from ..schema import ROLLOUT_SCHEMA
 from .tensor_columns import to_arrow, to_field, type_text_for
 from .tq_journal import REQUIRED as _REQUIRED
 from .tq_journal import neutral
-from .tq_store import TQ_COLUMNS, StoreBody, ipc_buffer, read_ipc
+from .tq_store import TQ_COLUMNS, StoreBody, read_ipc
 from .tq_wire import WireClient
 
 try:  # the backend needs the real package; the error says how to get it
@@ -276,8 +276,9 @@ class LakeBufferStorageClient(StorageKVClient):
         for col in _REQUIRED:  # neutral values for the rollout columns this put does not carry
             if col not in cols:
                 cols[col] = neutral(col, self.schema.field(col).type, part, idx)
-        # one IPC stream (a table of ~15 columns pickles slower than it streams; a get's 2 big columns the other way)
-        prefix = self._call("put", ipc_buffer(pa.table(cols)))
+        # the table itself: its buffers go out of band, so the tensors' memory is sent with no copy into a stream
+        # (measured, 800 puts alternated: 16 x 16384 11.6 vs 12.9 ms as one IPC stream, 16 x 4096 9.7 vs 10.1)
+        prefix = self._call("put", pa.table(cols))
         return [prefix + k for k in keys.to_pylist()]
 
     def get_batch(self, row_keys: dict[str, list[str]], field_schema: dict[str, dict]) -> dict[str, Any]:
