@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 
 from ..errors import CorruptionError, LakeBufferError, LakeError
 from .fs import LakeFS
+from .prefetch import prefetch
 from .rowhash import HASH_COLUMN, file_digest_columns, mismatches
 from .rowpages import RowPages, Unreadable
 from .runtime import native_call, s3_settings
@@ -173,18 +174,7 @@ class PageReader:
         entries = [e for e in entries if not self._by_rows(e)]
         with self._lock:
             todo = [e for e in entries if e["path"] not in self._tables]
-        if len(todo) < 2:
-            return
-        from concurrent.futures import ThreadPoolExecutor
-
-        def one(entry: dict) -> None:
-            try:
-                self._table(entry)
-            except Exception:  # noqa: BLE001 - reported by the caller's own read of the file
-                pass
-
-        with ThreadPoolExecutor(min(PREPARE_THREADS, len(todo)), thread_name_prefix="lakebuffer-footers") as pool:
-            list(pool.map(one, todo))
+        prefetch(todo, self._table, PREPARE_THREADS, "lakebuffer-footers", (Exception,))
 
     def _by_rows(self, entry: dict) -> bool:
         try:

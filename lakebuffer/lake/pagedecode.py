@@ -1,0 +1,278 @@
+"""One Parquet page decoded to Arrow values: the row reader's (``lake/rowpages.py``) decoders.
+
+Why our own: the row reader decodes only the pages holding asked rows, which no well-kept reader
+offers per page (pyarrow decodes whole column chunks; DataFusion plans a scan per file). The Thrift
+headers and RLE/bit-packed levels are fastparquet's decoders; values are numpy views of the page.
+What is decoded: v1 data pages, PLAIN values (and dictionary-coded strings) of fixed-width numbers,
+booleans, fixed-size binary, strings, and one-level lists of numbers with nulls at either level.
+Anything else raises ``Unreadable`` and the caller reads the file the older way.
+"""
+
+from __future__ import annotations
+
+import warnings
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+CODECS = {0: None, 1: "snappy", 2: "gzip", 4: "brotli", 6: "zstd"}
+PLAIN, RLE = 0, 3
+REQUIRED, OPTIONAL, REPEATED = 0, 1, 2
+FIXED = {1: np.dtype("<i4"), 2: np.dtype("<i8"), 4: np.dtype("<f4"), 5: np.dtype("<f8")}  # INT32 INT64 FLOAT DOUBLE
+BOOLEAN, BYTE_ARRAY, FLBA = 0, 6, 7
+DICT_ENCODINGS = (2, 8)  # PLAIN_DICTIONARY, RLE_DICTIONARY
+
+
+class Unreadable(Exception):
+    """This reader does not serve the file (or these rows of it): the caller reads it the older way."""
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """How one top-level column is stored: its Arrow type and the Parquet levels of its leaf."""
+
+    name: str
+    arrow: pa.DataType  # the column's type (for a list: the list type)
+    physical: int
+    width: int  # FIXED_LEN_BYTE_ARRAY width
+    field_optional: bool
+    is_list: bool
+    element_optional: bool
+    max_def: int
+    max_rep: int
+
+
+_FROM_BUFFER: Any = None
+
+
+def thrift(data: bytes, name: str) -> Any:
+    global _FROM_BUFFER
+    if _FROM_BUFFER is None:
+        with warnings.catch_warnings():  # fastparquet's import asks pandas for an option pandas 3 deprecates
+            warnings.simplefilter("ignore")
+            from fastparquet.cencoding import from_buffer
+            from fastparquet.speedups import unpack_byte_array_arrow  # noqa: F401 - imported once, here
+        _FROM_BUFFER = from_buffer
+    return _FROM_BUFFER(data, name)
+
+
+def _levels(body: np.ndarray, pos: int, count: int, max_level: int) -> tuple[np.ndarray | None, int]:
+    """RLE/bit-packed levels of a v1 data page (4-byte length first)."""
+    if max_level == 0:
+        return None, pos
+    from fastparquet.cencoding import NumpyIO, read_rle_bit_packed_hybrid
+
+    n = int.from_bytes(body[pos:pos + 4].tobytes(), "little")
+    width = int(max_level).bit_length()
+    out = np.zeros(count + 64, np.uint8)  # bit-packed runs end on multiples of 8 values
+    o = NumpyIO(out)
+    read_rle_bit_packed_hybrid(NumpyIO(body[pos + 4:pos + 4 + n]), width, n, o, itemsize=1)
+    if o.tell() < count:
+        raise Unreadable("levels end early")
+    return out[:count], pos + 4 + n
+
+
+def _varint(data: bytes, p: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        b = data[p]
+        p += 1
+        value |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return value, p
+
+
+def _one_run(body: np.ndarray, pos: int, count: int, level: int) -> bool:
+    """Whether a v1 page's levels at ``pos`` are one RLE run of ``level`` over all ``count`` entries
+    (what the writer makes of a column without nulls or empty lists): nothing to decode then."""
+    n = int.from_bytes(body[pos:pos + 4].tobytes(), "little")
+    if n > 12:
+        return False
+    data = body[pos + 4:pos + 4 + n].tobytes()
+    header, p = _varint(data, 0)
+    return not header & 1 and header >> 1 >= count and p < len(data) and data[p] == level
+
+
+@dataclass
+class Page:
+    """The rows of one decoded page: row ``j``'s values are ``values[start[j]:end[j]]`` (lists) or
+    ``values[start[j]]`` (flat), ``valid[j]`` whether the row is not null; ``item_valid`` per value."""
+
+    values: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    valid: np.ndarray | None
+    item_valid: np.ndarray | None
+
+
+def page_body(raw: bytes | memoryview, codec: str | None) -> tuple[Any, np.ndarray]:
+    """(page header, uncompressed body) of one page, its CRC checked first (so damaged bytes never
+    reach a decoder)."""
+    from fastparquet.cencoding import NumpyIO, ThriftObject
+
+    buf = np.frombuffer(raw, np.uint8)
+    io = NumpyIO(buf)
+    ph = ThriftObject.from_buffer(io, "PageHeader")
+    head = io.tell()
+    comp = buf[head:head + ph.compressed_page_size]
+    if len(comp) != ph.compressed_page_size:
+        raise Unreadable("page cut short")
+    if ph.crc is None or (zlib.crc32(comp) & 0xFFFFFFFF) != (ph.crc & 0xFFFFFFFF):
+        raise Unreadable("page fails its CRC")
+    if codec is None:
+        return ph, comp
+    return ph, np.frombuffer(pa.Codec(codec).decompress(comp, decompressed_size=ph.uncompressed_page_size), np.uint8)
+
+
+def _byte_arrays(data: np.ndarray, n: int) -> pa.Array:
+    """``n`` PLAIN byte arrays (4-byte length, bytes) as an Arrow string array."""
+    from fastparquet.speedups import unpack_byte_array_arrow
+
+    return pa.array(unpack_byte_array_arrow(np.ascontiguousarray(data), n), pa.string())
+
+
+def dictionary_of(ph: Any, body: np.ndarray) -> pa.Array:
+    """The strings of a dictionary page (header and uncompressed body)."""
+    if ph.type != 2 or ph.dictionary_page_header is None or ph.dictionary_page_header.encoding not in (PLAIN, 2):
+        raise Unreadable("not a PLAIN dictionary page")
+    return _byte_arrays(body, ph.dictionary_page_header.num_values)
+
+
+def page_of(ph: Any, body: np.ndarray, leaf: Leaf, dictionary: pa.Array | None = None) -> Page:
+    """A data page's rows from its header and uncompressed body."""
+    from fastparquet.cencoding import NumpyIO, read_rle_bit_packed_hybrid
+
+    if ph.type != 0 or ph.data_page_header is None:
+        raise Unreadable("not a v1 data page")
+    dh = ph.data_page_header
+    if dh.encoding != PLAIN and not (leaf.physical == BYTE_ARRAY and dh.encoding in DICT_ENCODINGS):
+        raise Unreadable("values not PLAIN")
+    count = dh.num_values
+    rep, pos = _levels(body, 0, count, leaf.max_rep)
+    row_at = None if rep is None else np.flatnonzero(rep == 0)
+    if leaf.max_def and _one_run(body, pos, count, leaf.max_def):
+        dl, pos = None, pos + 4 + int.from_bytes(body[pos:pos + 4].tobytes(), "little")  # all defined
+    else:
+        dl, pos = _levels(body, pos, count, leaf.max_def)
+    present = None if dl is None else dl == leaf.max_def
+    nval = count if present is None else int(np.count_nonzero(present))
+    data = body[pos:]
+    if leaf.physical in FIXED:
+        dt = FIXED[leaf.physical]
+        if len(data) < nval * dt.itemsize:
+            raise Unreadable("values cut short")
+        vals = data[:nval * dt.itemsize].view(dt)
+    elif leaf.physical == FLBA:
+        if len(data) < nval * leaf.width:
+            raise Unreadable("values cut short")
+        vals = data[:nval * leaf.width].reshape(nval, leaf.width)
+    elif leaf.physical == BOOLEAN:
+        vals = np.unpackbits(data[:(nval + 7) // 8], bitorder="little")[:nval].astype(bool)
+    elif leaf.physical == BYTE_ARRAY:
+        if dh.encoding == PLAIN:
+            strings = _byte_arrays(data, nval)
+        else:
+            if dictionary is None or not len(data):
+                raise Unreadable("dictionary-coded page without its dictionary")
+            width = int(data[0])
+            idx = np.zeros(nval + 64, np.int32)
+            o = NumpyIO(idx.view(np.uint8))
+            if nval:
+                read_rle_bit_packed_hybrid(NumpyIO(data[1:]), width, len(data) - 1, o, itemsize=4)
+            idx = idx[:nval]
+            if nval and (idx.min() < 0 or idx.max() >= len(dictionary)):
+                raise Unreadable("dictionary index out of range")
+            strings = dictionary.take(pa.array(idx))
+        slot = np.arange(count, dtype=np.int64) if present is None else np.cumsum(present) - 1
+        return Page(strings, slot, slot + 1, present, None)  # type: ignore[arg-type]
+    else:
+        raise Unreadable("physical type not decoded here")
+    if not leaf.is_list:
+        if dl is None:
+            idx = np.arange(count, dtype=np.int64)
+            return Page(vals, idx, idx + 1, None, None)
+        full = np.zeros((count,) + vals.shape[1:], vals.dtype)  # nulls as zeros, masked by ``valid``
+        full[present] = vals  # type: ignore[index]
+        idx = np.arange(count, dtype=np.int64)
+        return Page(full, idx, idx + 1, present, None)
+    assert row_at is not None
+    first = int(leaf.field_optional) + 1  # the level from which an entry is an item (null or not)
+    valid = dl[row_at] >= 1 if leaf.field_optional and dl is not None else None
+    if nval == count:  # every entry an item with a value (no null or empty list, no null item)
+        lengths = np.diff(row_at, append=count)
+        item_present = None
+    else:
+        assert dl is not None
+        is_item = dl >= first
+        lengths = np.add.reduceat(is_item.astype(np.int64), row_at) if len(row_at) else np.zeros(0, np.int64)
+        item_present = present[is_item] if leaf.element_optional else None
+    end = np.cumsum(lengths)
+    start = end - lengths
+    if item_present is not None and not item_present.all():
+        items = np.zeros(len(item_present), vals.dtype)
+        items[item_present] = vals
+        return Page(items, start, end, valid, item_present)
+    return Page(vals, start, end, valid, None)
+
+
+def _bits(mask: np.ndarray) -> pa.Buffer:
+    return pa.py_buffer(np.packbits(mask, bitorder="little"))
+
+
+def _values_array(t: pa.DataType, vals: np.ndarray, valid: np.ndarray | None) -> pa.Array:
+    """An Arrow array of type ``t`` from decoded physical values (one copy at most)."""
+    n = len(vals)
+    vbuf = None if valid is None or valid.all() else _bits(valid)
+    if pa.types.is_boolean(t):
+        return pa.Array.from_buffers(t, n, [vbuf, _bits(vals.astype(bool))])
+    if pa.types.is_fixed_size_binary(t):
+        return pa.Array.from_buffers(t, n, [vbuf, pa.py_buffer(np.ascontiguousarray(vals))])
+    width = t.bit_width // 8
+    kind = "u" if pa.types.is_unsigned_integer(t) else ("f" if pa.types.is_floating(t) else "i")
+    dt = np.dtype(f"<{kind}{width}")
+    if vals.dtype.itemsize == width and vals.dtype.kind in "iu" and kind in "iu":
+        out = vals.view(dt)
+    else:
+        out = vals.astype(dt, copy=False)
+    return pa.Array.from_buffers(t, n, [vbuf, pa.py_buffer(np.ascontiguousarray(out))])
+
+
+def assemble(leaf: Leaf, pages: list[Page], which: np.ndarray, rows: np.ndarray) -> pa.Array:
+    """Column ``leaf`` of the asked rows: row ``i`` is row ``rows[i]`` of ``pages[which[i]]``."""
+    n = len(rows)
+    valid = None
+    if leaf.field_optional:
+        flags = [p.valid if p.valid is not None else np.ones(len(p.start), bool) for p in pages]
+        valid = np.array([bool(flags[w][r]) for w, r in zip(which.tolist(), rows.tolist())], bool)
+    if not leaf.is_list and leaf.physical == BYTE_ARRAY:  # values are Arrow strings: one take
+        base = np.cumsum([0] + [len(p.values) for p in pages])
+        at = np.array([base[w] + pages[w].start[r] for w, r in zip(which.tolist(), rows.tolist())], np.int64)
+        if valid is not None and not valid.all():
+            at[~valid] = 0
+        strings = pa.concat_arrays([p.values for p in pages]) if pages else pa.array([], pa.string())
+        got = strings.take(pa.array(at, mask=None if valid is None or valid.all() else ~valid))
+        return got.cast(leaf.arrow)
+    if not leaf.is_list:
+        vals = [pages[w].values[pages[w].start[r]] for w, r in zip(which.tolist(), rows.tolist())]
+        flat = np.stack(vals) if vals else np.zeros((0,), np.int64)
+        return _values_array(leaf.arrow, flat, valid)
+    parts, item_parts, lengths = [], [], np.empty(n, np.int64)
+    for i, (w, r) in enumerate(zip(which.tolist(), rows.tolist())):
+        p = pages[w]
+        a, b = int(p.start[r]), int(p.end[r])
+        parts.append(p.values[a:b])
+        if leaf.element_optional:
+            item_parts.append(p.item_valid[a:b] if p.item_valid is not None else np.ones(b - a, bool))
+        lengths[i] = b - a
+    vals = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    items = _values_array(leaf.arrow.value_type, vals, np.concatenate(item_parts) if item_parts else None)
+    odt = np.int64 if pa.types.is_large_list(leaf.arrow) else np.int32
+    offsets = np.zeros(n + 1, odt)
+    np.cumsum(lengths, out=offsets[1:])
+    mask = None if valid is None or valid.all() else pa.array(~valid)
+    return pa.ListArray.from_arrays(pa.array(offsets), items, type=leaf.arrow, mask=mask) if odt is np.int32 else \
+        pa.LargeListArray.from_arrays(pa.array(offsets), items, type=leaf.arrow, mask=mask)
