@@ -115,6 +115,52 @@ def test_background_warming_waits_while_cold_reads_run(tmp_path):
         assert b.stats()["tiers"]["cold"]["rows"] == 0  # and all of it once they stopped
 
 
+def test_background_warming_waits_for_a_cold_read_still_in_flight(tmp_path):
+    """A resumed run's first read from S3 took seconds: warming that only looked at when the last
+    read ended went on beside it (31% of the lake written before that first call returned). One
+    read longer than ``YIELD_S`` (the lake made slow around the real take) keeps warming waiting."""
+    import threading
+
+    from lakebuffer.engine import promotion
+
+    lake, src, nbytes = _lake(tmp_path)
+    with lb.ReplayBuffer.open(tmp_path / "fresh", lake=lake, run_id="om", snapshot_interval_s=0,
+                              memory_limit_mb=8, disk_limit_gb=3 * nbytes / 2**30) as b:
+        assert b.stats()["tiers"]["cold"]["rows"] == ROWS * VERSIONS
+        keys = b.sample(16, seed=0, columns=["key"]).column("key").to_pylist()
+        cold = b._state.cold
+        real_take = cold.take_checked
+        inside = threading.Event()
+
+        def slow_take(*args, **kwargs):
+            inside.set()
+            time.sleep(6 * promotion.YIELD_S)  # a slow object store, within YIELD_TIMES waits
+            return real_take(*args, **kwargs)
+
+        real_promote = b._promotion.promote
+        promoted_at: list[float] = []  # when each promotion began (it reads the lake and writes fragments)
+
+        def promote(batch_id):
+            promoted_at.append(time.monotonic())
+            return real_promote(batch_id)
+
+        cold.take_checked, b._promotion.promote = slow_take, promote
+        got: list = []
+        reader = threading.Thread(target=lambda: got.append(b.get(keys, columns=["key"])))
+        reader.start()
+        assert inside.wait(10)
+        began = time.monotonic()
+        reader.join()
+        ended = time.monotonic()
+        cold.take_checked = real_take
+        assert got and got[0].column("key").to_pylist() == keys
+        assert not [t for t in promoted_at if began <= t < ended]  # no warming while the read was in flight
+        deadline = time.monotonic() + 60
+        while b.stats()["tiers"]["cold"]["rows"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert b.stats()["tiers"]["cold"]["rows"] == 0  # and all of it once it ended
+
+
 def test_eager_restore_makes_every_row_local_before_open_returns(tmp_path):
     """``restore="eager"``: verified local copies of the run's lake files (``tiers/mirror``); when open
     returns every row reads without the lake (get, sample, sql), each once."""

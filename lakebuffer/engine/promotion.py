@@ -32,8 +32,9 @@ from .diskbudget import DiskBudget
 from .state import BufferState
 from .tasks import P1
 
-#: a background warm waits while cold reads ran this recently, ``YIELD_TIMES`` times at most per batch
-YIELD_S, YIELD_TIMES = 0.5, 8
+#: a background warm waits while cold reads run or ran this recently, ``YIELD_TIMES`` times at most per
+#: batch (20 x 0.5 s: a resumed run's first read from S3 took 3-7 s)
+YIELD_S, YIELD_TIMES = 0.5, 20
 
 log = logging.getLogger("lakebuffer")
 
@@ -78,9 +79,10 @@ class ColdPromotion:
 
     def _run(self, batch_id: int, yields: int = 0) -> None:
         """Promote one batch; a background warm (``yields`` > 0) first waits, on the queue's timer, while
-        cold reads ran in the last ``YIELD_S`` (at most ``yields`` times): warming decodes whole row
-        groups, and on 2 cores it tripled a resumed run's first ``sample + get`` calls."""
-        if yields and not self._stopped and time.monotonic() - self.s.last_cold_read < YIELD_S:
+        cold reads run or ran in the last ``YIELD_S`` (at most ``yields`` times): warming decodes whole
+        row groups, and on 2 cores it tripled a resumed run's first ``sample + get`` calls."""
+        busy = self.s.cold_reads_running > 0 or time.monotonic() - self.s.last_cold_read < YIELD_S
+        if yields and not self._stopped and busy:
             try:
                 self.s.tasks.submit_later(P1, lambda: self._run(batch_id, yields - 1), YIELD_S,
                                           name="promote cold batch", surface=False)

@@ -91,10 +91,14 @@ def _fetch(s: BufferState, keys: list[str], fetch: list[str], retry: bool) -> pa
 
 def _take_cold(s: BufferState, keys: list[str], batch: np.ndarray, columns: list[str], where: Location,
                retry: bool) -> pa.Table:
+    with s.cold_reads_lock:  # a lazy resume's background warming yields to cold reads (``engine/promotion``)
+        s.cold_reads_running += 1
     try:
         return _take_cold_once(s, keys, batch, columns, where, retry)
     finally:
-        s.last_cold_read = time.monotonic()  # a lazy resume's background warming yields to cold reads
+        with s.cold_reads_lock:
+            s.cold_reads_running -= 1
+            s.last_cold_read = time.monotonic()
 
 
 def _take_cold_once(s: BufferState, keys: list[str], batch: np.ndarray, columns: list[str], where: Location,

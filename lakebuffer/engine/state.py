@@ -7,6 +7,7 @@ this object instead of reaching into the facade.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,8 +46,11 @@ class BufferState:
     #: batches a snapshot step is uploading now (``engine/snapshots``): a delete of their rows leaves a
     #: tombstone, as for snapshotted rows, so rows the step read before the delete leave the lake next time
     uploading: set[int] = field(default_factory=set)
-    #: when the last cold read ended (``time.monotonic``): background warming yields to cold reads
+    #: when the last cold read ended (``time.monotonic``) and how many run now: background warming
+    #: yields to cold reads, also to one still in flight (a first read from S3 takes seconds)
     last_cold_read: float = 0.0
+    cold_reads_running: int = 0
+    cold_reads_lock: threading.Lock = field(default_factory=threading.Lock)  # for the two above
 
     def meta_of(self, batch_id: int, table: pa.Table) -> pa.Table:
         """The catalog rows of a batch: its metadata columns plus ``_batch``."""
