@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import threading
 import time
 from collections import defaultdict
 from typing import Any
@@ -131,13 +132,8 @@ def _install(ctrl: Any, store_name: str, namespace: str, journal: bytes, retry_s
 
     from .tq_wire import WireClient
 
-    wire = WireClient(store, ray_call)  # the store's socket: a journal record is ~0.3 ms there, ~1.5 ms via Ray
-
-    def write(records: list[dict[str, Any]]) -> None:
-        if records:
-            from .tq_wire import ipc_buffer  # 9 string columns: streamed, cheaper than pickled array by array
-
-            wire.call("journal", ipc_buffer(pa.Table.from_pylist(records, schema=JOURNAL_SCHEMA)))
+    wire = WireClient(store, ray_call)
+    write = _segment_writer(store, ray_call) if not wire.remote else _store_writer(wire, ray_call)
 
     def after(method: Any, records_of: Any) -> Any:
         signature = inspect.signature(method)  # once: inspect.signature costs ~30 us per call
@@ -158,6 +154,44 @@ def _install(ctrl: Any, store_name: str, namespace: str, journal: bytes, retry_s
         setattr(ctrl, name, after(getattr(ctrl, name), records_of))
     ctrl._lakebuffer_journal = store_name
     return restored
+
+
+def _segment_writer(store: Any, ray_call: Any) -> Any:
+    """On the store's node: the controller appends its records to segments of its own
+    (``tq_journal_log``): no round trip to the store before it answers (~1 ms of each put and tag update)."""
+    from pathlib import Path
+
+    from .tq_journal_log import SegmentWriter
+
+    directory, next_seq, sync = ray_call("journal_target")
+    log = SegmentWriter(Path(directory), next_seq, sync)
+
+    def write(records: list[dict[str, Any]]) -> None:
+        if not records:
+            return
+        try:
+            closed = log.append(pa.Table.from_pylist(records, schema=JOURNAL_SCHEMA))
+        except OSError as e:
+            raise JournalError(f"the journal segment {log.path} cannot be written; the operation is not "
+                               f"acknowledged: {e}") from e
+        if closed:
+            store.journal_drain.remote()  # into the store's journal buffer, in the background
+    return write
+
+
+def _store_writer(wire: Any, ray_call: Any) -> Any:
+    """On another node than the store: each record is sent to the store, which appends it to its log."""
+    from .tq_journal_log import Sequencer
+    from .tq_wire import ipc_buffer  # 9 string columns: streamed, cheaper than pickled array by array
+
+    seq = Sequencer(ray_call("journal_target")[1])
+    lock = threading.Lock()  # numbered in the order they are sent
+
+    def write(records: list[dict[str, Any]]) -> None:
+        if records:
+            with lock:
+                wire.call("journal", ipc_buffer(seq.number(pa.Table.from_pylist(records, schema=JOURNAL_SCHEMA))))
+    return write
 
 
 def _tag_records(ctrl: Any, partition_custom_meta: dict, _before: Any) -> list[dict[str, Any]]:

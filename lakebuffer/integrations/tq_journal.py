@@ -12,7 +12,6 @@ tags of a verl V1 run are queryable next to its rollouts (``tq_keys`` in :meth:`
 from __future__ import annotations
 
 import json
-import os
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -23,8 +22,11 @@ import pyarrow.compute as pc
 
 from ..schema import ROLLOUT_SCHEMA
 from .tq_controller import JOURNAL_SCHEMA, fold
+from .tq_journal_log import DIRNAME as SEGMENTS_DIR
+from .tq_journal_log import Sequencer, append_frame, read_frames, segments
 
 SCHEMA = pa.schema([*JOURNAL_SCHEMA, pa.field("tq_seq", pa.int64())])
+RECORD_COLUMNS = ["key", *SCHEMA.names]  # a record as logged and pushed
 COMPACT_EVERY = 4096  # records the log holds before they go into the buffer (and superseded ones are deleted)
 DIRNAME = "tq-keys"
 LOG_NAME = "tq-keys.log"
@@ -46,11 +48,14 @@ REQUIRED = ("prompt_id", "policy_version", "prompt_ids", "response_ids", "reward
 class Journal:
     """The controller's journal in ``<path>/tq-keys`` (its own run in the same lake).
 
-    An acknowledged record is first appended to ``<path>/tq-keys.log`` (one length-prefixed Arrow IPC
-    stream per call, flushed to the OS: what the WAL does for a push, at a fraction of a push's fixed
-    cost); every ``COMPACT_EVERY`` records, at a snapshot and at close the log's records are pushed into
-    the journal buffer in one batch, superseded ones deleted, and the log emptied. A crash between the
-    push and the truncation leaves records in both: the next open pushes only the keys it lacks."""
+    Acknowledged records arrive two ways: a controller on this node appends them to its own segments
+    (``tq_journal_log``: ``<path>/tq-keys.d``); one on another node sends them here, where they are
+    appended to ``<path>/tq-keys.log`` (one length-prefixed Arrow IPC stream per call, flushed to the
+    OS: what the WAL does for a push). Records are numbered by the controller (``tq_seq``). At every
+    ``COMPACT_EVERY`` records of the log, a segment's rotation, a snapshot, open and close, the records
+    not yet taken (``tq_seq`` above ``taken``) go into the journal buffer in one push, superseded ones
+    are deleted, then the log is emptied and the closed segments removed. A crash between the push and
+    that leaves records in both: records at or below ``taken`` are never pushed twice."""
 
     def __init__(self, path: str, open_kwargs: dict[str, Any], run_id: str) -> None:
         from ..buffer import ReplayBuffer
@@ -61,11 +66,9 @@ class Journal:
         self.sync = bool(open_kwargs.get("sync"))
         self.buf = ReplayBuffer.open(str(Path(path) / DIRNAME), schema=SCHEMA, run_id=f"{run_id}.tq-keys", **kwargs)
         self.log_path = Path(path) / LOG_NAME
-        self.tail: list[pa.Table] = []  # records in the log, not yet in the buffer
-        self._push_new(_read_log(self.log_path))
-        self.log = open(self.log_path, "wb")  # noqa: SIM115 - held open for appends, closed in close()
+        self.segments_dir = Path(path) / SEGMENTS_DIR
         all_records = self.buf.sql("SELECT key, tq_op, tq_partition, tq_index, tq_seq FROM rollouts")
-        self.seq = int(pc.max(all_records.column("tq_seq")).as_py() or 0) + 1 if all_records.num_rows else 1
+        self.taken = int(pc.max(all_records.column("tq_seq")).as_py() or 0) if all_records.num_rows else 0
         self.latest: dict[str, dict[int, str]] = defaultdict(dict)  # partition -> index -> key of its state
         live = fold(all_records)
         for key, pid, gi in zip(*(live.column(c).to_pylist() for c in ("key", "tq_partition", "tq_index")),
@@ -77,42 +80,27 @@ class Journal:
                                  if k not in live_keys and op == "state"]
         self.clears: list[str] = [k for k, op in zip(all_records.column("key").to_pylist(), ops, strict=True)
                                   if op != "state"]
-        self.compact()
+        self.tail: list[pa.Table] = read_frames(self.log_path)  # the log's records, not yet in the buffer
+        self.log = open(self.log_path, "ab")  # noqa: SIM115 - held open for appends, closed in close()
+        self.drain()
 
-    def _push_new(self, records: pa.Table | None) -> None:
-        """Push journal records (key, journal columns, tq_seq) the buffer does not hold yet."""
-        if records is None or records.num_rows == 0:
+    def _take(self, tables: list[pa.Table]) -> None:
+        """Push the records above ``taken`` (in ``tq_seq`` order) and note what they supersede."""
+        if not tables:
             return
-        present = self.buf.sql("SELECT key FROM rollouts").column("key").combine_chunks()
-        records = records.filter(pc.invert(pc.is_in(records.column("key"), value_set=present)))
+        records = pa.concat_tables([t.select(RECORD_COLUMNS) for t in tables])
+        records = records.filter(pc.greater(records.column("tq_seq"), self.taken))
         if records.num_rows == 0:
             return
-        cols = {c: records.column(c) for c in ("key", *JOURNAL_SCHEMA.names, "tq_seq")}
+        records = records.sort_by([("tq_seq", "ascending")])
+        cols = {c: records.column(c) for c in RECORD_COLUMNS}
         part, idx = records.column("tq_partition"), records.column("tq_index")
         for col in REQUIRED:
             cols[col] = neutral(col, ROLLOUT_SCHEMA.field(col).type, part, idx)
         self.buf.push(pa.table(cols))
-
-    def append(self, records: pa.Table) -> int:
-        """Store records durably (they are acknowledged when this returns), in arrival order."""
-        from ..index import ipc_bytes
-
-        n = records.num_rows
-        if n == 0:
-            return 0
-        seq = pa.array(np.arange(self.seq, self.seq + n, dtype=np.int64))
-        keys = pc.binary_join_element_wise("j", pc.cast(seq, pa.string()), "")
-        table = pa.table({"key": keys, **{c: records.column(c) for c in JOURNAL_SCHEMA.names}, "tq_seq": seq})
-        data = ipc_bytes(table)
-        self.log.write(len(data).to_bytes(8, "little") + data)
-        self.log.flush()  # in the OS: survives a SIGKILL of the process, like a push's WAL write
-        if self.sync:
-            os.fsync(self.log.fileno())
-        self.tail.append(table)
-        self.seq += n
-        part, idx = records.column("tq_partition"), records.column("tq_index")
-        for key, op, pid, gi in zip(keys.to_pylist(), records.column("tq_op").to_pylist(), part.to_pylist(),
-                                    idx.to_pylist(), strict=True):
+        self.taken = int(pc.max(records.column("tq_seq")).as_py())
+        for key, op, pid, gi in zip(records.column("key").to_pylist(), records.column("tq_op").to_pylist(),
+                                    part.to_pylist(), idx.to_pylist(), strict=True):
             if op == "clear_partition":
                 self.stale += self.latest.pop(pid, {}).values()
                 self.clears.append(key)
@@ -124,19 +112,46 @@ class Journal:
                 self.latest[pid][gi] = key
             else:
                 self.clears.append(key)
+
+    def append(self, records: pa.Table) -> int:
+        """Store records of a controller on another node durably (acknowledged when this returns), in
+        arrival order; records without ``tq_seq`` are numbered here."""
+        n = records.num_rows
+        if n == 0:
+            return 0
+        table = records if "tq_seq" in records.column_names else Sequencer(self.next_seq()).number(records)
+        append_frame(self.log.fileno(), table.select(RECORD_COLUMNS), self.sync)
+        self.tail.append(table)
         if sum(t.num_rows for t in self.tail) >= COMPACT_EVERY:
             self.drain()
         return n
 
-    def drain(self) -> None:
-        """The log's records into the buffer (one push), superseded records deleted, the log emptied."""
-        if self.tail:
-            self._push_new(pa.concat_tables(self.tail))
-            self.tail = []
+    def _pending(self, with_open: bool) -> tuple[list[pa.Table], list[Path]]:
+        """Records not necessarily in the buffer: the log's, the closed segments' (and the open ones')."""
+        closed, open_ = segments(self.segments_dir)
+        tables = list(self.tail)
+        for seg in [*closed, *(open_ if with_open else [])]:
+            tables += read_frames(seg)
+        return tables, closed
+
+    def drain(self, with_open: bool = False) -> None:
+        """Pending records into the buffer (one push), superseded records deleted, the log emptied,
+        closed segments removed. ``with_open``: the open segments' records too (their files stay)."""
+        tables, closed = self._pending(with_open)
+        self._take(tables)
         self.compact()
+        self.tail = []
         self.log.seek(0)
         self.log.truncate()
         self.log.flush()
+        for seg in closed:
+            seg.unlink(missing_ok=True)
+
+    def next_seq(self) -> int:
+        """The number the next record gets: above every record stored, logged or in a segment."""
+        tables, _ = self._pending(with_open=True)
+        seqs = [self.taken, *(int(pc.max(t.column("tq_seq")).as_py() or 0) for t in tables if t.num_rows)]
+        return max(seqs) + 1
 
     def compact(self) -> None:
         """Delete superseded records: state records first, then the clears that masked them."""
@@ -149,9 +164,10 @@ class Journal:
 
     def state(self) -> pa.Table:
         """The live samples (the newest state of each), O(metadata)."""
-        cols = ["key", *JOURNAL_SCHEMA.names, "tq_seq"]
-        stored = self.buf.sql(f"SELECT {', '.join(cols)} FROM rollouts")
-        return fold(pa.concat_tables([stored, *(t.select(cols) for t in self.tail)]))
+        stored = self.buf.sql(f"SELECT {', '.join(RECORD_COLUMNS)} FROM rollouts")
+        pending = [t.select(RECORD_COLUMNS) for t in self._pending(with_open=True)[0]]
+        pending = [t.filter(pc.greater(t.column("tq_seq"), self.taken)) for t in pending]
+        return fold(pa.concat_tables([stored, *pending]))
 
     def keys_table(self) -> pa.Table:
         """The live samples as a table for SQL: partition, index, key, tags, fields."""
@@ -160,23 +176,6 @@ class Journal:
         return t.append_column("tq_fields", pa.array(fields, pa.string()))
 
     def close(self) -> None:
-        self.drain()
+        self.drain(with_open=True)
         self.log.close()
         self.buf.close()
-
-
-def _read_log(path: Path) -> pa.Table | None:
-    """The records of a journal log; a torn last frame (a crash mid-append: never acknowledged) is ignored."""
-    from ..index import read_ipc
-
-    if not path.exists():
-        return None
-    data = path.read_bytes()
-    tables, pos = [], 0
-    while pos + 8 <= len(data):
-        size = int.from_bytes(data[pos:pos + 8], "little")
-        if pos + 8 + size > len(data):
-            break
-        tables.append(read_ipc(data[pos + 8:pos + 8 + size]))
-        pos += 8 + size
-    return pa.concat_tables(tables) if tables else None

@@ -215,6 +215,15 @@ class StoreBody:
         """The live samples of the journal, for a new controller to take back."""
         return ipc_buffer(self.keys.state())
 
+    def journal_target(self) -> tuple[str, int, bool]:
+        """For a controller on this node: the directory of its journal segments, the number its next
+        record gets, and whether appends are fsynced (``sync``)."""
+        return str(self.keys.segments_dir), self.keys.next_seq(), self.keys.sync
+
+    def journal_drain(self) -> None:
+        """A controller closed a segment: its records into the journal buffer."""
+        self.keys.drain()
+
     def sql(self, query: str) -> bytes:
         """Read-only SQL over ``rollouts`` (the values) and ``tq_keys`` (TransferQueue's keys and tags)."""
         if "tq_keys" not in query and len(self.gens) == 1:
@@ -255,7 +264,7 @@ class StoreBody:
 
     def snapshot(self) -> int:
         rows = 0
-        self.keys.drain()  # the journal's log into its buffer, so the lake gets every key and tag
+        self.keys.drain(with_open=True)  # the journal's records into its buffer: the lake gets every key and tag
         for g in [*self.gens, self.keys.buf]:
             snap = g.snapshot(wait=True)
             rows += snap.rows if snap is not None and g is not self.keys.buf else 0

@@ -213,6 +213,67 @@ def test_the_journal_folds_to_the_live_samples_and_drops_superseded_records(tmp_
     j.close()
 
 
+def test_controller_segments_rotate_and_the_store_takes_every_record_once(tmp_path, monkeypatch):
+    """The controller's own journal segments (``tq_journal_log``): rotated every ROTATE_RECORDS records,
+    closed ones taken into the store's journal buffer and removed, the open one read where it lies; a
+    torn last frame is an append never acknowledged; a new controller closes the old one's segment."""
+    import pyarrow as pa
+
+    from lakebuffer.integrations import tq_journal_log
+    from lakebuffer.integrations.tq_controller import JOURNAL_SCHEMA
+    from lakebuffer.integrations.tq_journal import Journal
+    from lakebuffer.integrations.tq_journal_log import SegmentWriter, segments
+
+    monkeypatch.setattr(tq_journal_log, "ROTATE_RECORDS", 3)
+
+    def records(*rows):
+        return pa.Table.from_pylist([{"tq_op": op, "tq_partition": p, "tq_index": i, "tq_key": k,
+                                      "tq_tags": tags, "tq_rows": "{}", "tq_schema": "{}", "tq_shapes": "{}"}
+                                     for op, p, i, k, tags in rows], schema=JOURNAL_SCHEMA)
+
+    def live(j):
+        return {(r["tq_partition"], r["tq_key"]): r["tq_tags"] for r in j.state().to_pylist()}
+
+    j = Journal(str(tmp_path), {"snapshot_interval_s": 0}, "run")
+    w = SegmentWriter(j.segments_dir, j.next_seq(), sync=False)
+    rotated = [w.append(records(("state", "a", i, f"k{i}", "{}"))) for i in range(4)]  # 4 operations
+    assert rotated == [False, False, True, False]  # the third record closed the first segment
+    rotated += [w.append(records(("state", "a", 0, "k0", '{"s": 2}'), ("clear", "a", 1, None, "{}")))]
+    rotated += [w.append(records(("clear_partition", "b", -1, None, "{}"), ("state", "b", 9, "k9", "{}")))]
+    want = {("a", "k0"): '{"s": 2}', ("a", "k2"): "{}", ("a", "k3"): "{}", ("b", "k9"): "{}"}
+    assert live(j) == want  # read where the records lie, before the store took any
+    closed, open_ = segments(j.segments_dir)
+    assert len(closed) == sum(rotated) == 2 and len(open_) == 1
+    j.drain()  # what a rotation asks of the store
+    assert segments(j.segments_dir)[0] == [] and live(j) == want
+    keys = j.buf.sql("SELECT key FROM rollouts").column("key").to_pylist()
+    assert len(keys) == len(set(keys))
+    j.drain(with_open=True)  # a snapshot: the open segment's records too, its file stays
+    assert live(j) == want and j.buf.count() == len(want)  # superseded records and clears deleted
+    w.append(records(("state", "a", 2, "k2", '{"s": 3}')))  # into the open segment, after the snapshot
+    with open(segments(j.segments_dir)[1][0], "ab") as f:
+        f.write((1000).to_bytes(8, "little") + b"torn")  # an append a crash cut short (never acknowledged)
+    want[("a", "k2")] = '{"s": 3}'
+    j.buf.close()  # a crash of the store: no drain
+    j.log.close()
+    j = Journal(str(tmp_path), {"snapshot_interval_s": 0}, "run")
+    assert live(j) == want
+    nxt = j.next_seq()
+    assert nxt > max(r["tq_seq"] for r in j.state().to_pylist())
+    w2 = SegmentWriter(j.segments_dir, nxt, sync=False)  # a new controller: the old one's segment is closed
+    assert len(segments(j.segments_dir)[0]) == 1 and segments(j.segments_dir)[1] == [w2.path]
+    w2.append(records(("clear", "a", 3, None, "{}")))
+    del want[("a", "k3")]
+    j.close()  # takes everything: the records of the first writer once, the second's after them
+    j = Journal(str(tmp_path), {"snapshot_interval_s": 0}, "run")
+    assert live(j) == want and j.buf.count() == len(want)
+    keys = j.buf.sql("SELECT key FROM rollouts").column("key").to_pylist()
+    assert len(keys) == len(set(keys))
+    j.close()
+    w.close()
+    w2.close()
+
+
 @pytest.mark.slow
 def test_verl_v1_replay_buffer_samples_the_same_groups_after_sigkill_between_produce_and_sample(tmp_path):
     """verl 0.9.1's own V1 ReplayBuffer (async mode, DAPO filter on rm_scores) over the LakeBuffer

@@ -228,6 +228,14 @@ def test_the_kv_interface_verl_v1_uses(tq_system):
     tq.kv_batch_put(keys=keys, partition_id="kv", fields=generation.select("responses", "score", "extra_fields"),
                     tags=[{"status": "success", "global_steps": 3}] * 4)
     assert set(tq.kv_list("kv")["kv"]) == set(keys)
+    # the controller (on the store's node) appended the keys and tags to its own journal segment
+    from lakebuffer.integrations.tq_journal_log import read_frames
+
+    logged = [r for seg in sorted((tq_system["path"] / "tq-keys.d").glob("*.log")) for t in read_frames(seg)
+              for r in t.to_pylist()]
+    assert {(r["tq_key"], r["tq_tags"]) for r in logged if r["tq_partition"] == "kv"} >= \
+        {(k, '{"status": "success", "global_steps": 3}') for k in keys}
+    assert (tq_system["path"] / "tq-keys.log").stat().st_size == 0  # nothing went through the store
     got = tq.kv_batch_get(keys=keys[::-1], partition_id="kv", select_fields=["responses", "score", "extra_fields"])
     for a, b in zip(got["responses"].unbind(), generation["responses"].unbind()[::-1], strict=True):
         assert torch.equal(a, b)
