@@ -80,9 +80,15 @@ class Journal:
                                  if k not in live_keys and op == "state"]
         self.clears: list[str] = [k for k, op in zip(all_records.column("key").to_pylist(), ops, strict=True)
                                   if op != "state"]
-        self.tail: list[pa.Table] = read_frames(self.log_path)  # the log's records, not yet in the buffer
+        self.tail: list[pa.Table] = []  # the log's records, not yet in the buffer
         self.log = open(self.log_path, "ab")  # noqa: SIM115 - held open for appends, closed in close()
-        self.drain()
+        try:
+            self.tail = read_frames(self.log_path)
+            self.drain()
+        except BaseException:  # e.g. a damaged segment: reported, and the directory is not left locked
+            self.log.close()
+            self.buf.close()
+            raise
 
     def _take(self, tables: list[pa.Table]) -> None:
         """Push the records above ``taken`` (in ``tq_seq`` order) and note what they supersede."""
@@ -176,6 +182,8 @@ class Journal:
         return t.append_column("tq_fields", pa.array(fields, pa.string()))
 
     def close(self) -> None:
-        self.drain(with_open=True)
-        self.log.close()
-        self.buf.close()
+        try:
+            self.drain(with_open=True)
+        finally:  # a damaged segment stays for the next open to report; the buffer still closes
+            self.log.close()
+            self.buf.close()

@@ -9,8 +9,10 @@ for a push) and answers. The store folds closed segments into its journal buffer
 Layout: ``<first seq, 20 digits>.log`` is the segment a controller appends to; it renames it to
 ``.closed`` after ``ROTATE_RECORDS`` records (or when a new controller starts: the old one is gone),
 and only ``.closed`` segments are ever deleted (by the store, once their records are in its buffer).
-A frame is 8 bytes of length then one Arrow IPC stream; a torn last frame is an append a crash cut
-short, which was never acknowledged. Records are numbered (``tq_seq``) by the one ``Sequencer`` of
+A frame is a 20-byte header (``LBJ1``, the body's length, a CRC32C of those 12 bytes, the body's
+CRC32C) then one Arrow IPC stream. A frame cut short at the end of a file is an append a crash
+interrupted (never acknowledged); a header or body that fails its CRC is damage: ``CorruptionError``
+naming the file, which is then neither taken nor removed (damaged metadata never deletes data). Records are numbered (``tq_seq``) by the one ``Sequencer`` of
 the live controller, from the store's highest number + 1 when it starts.
 """
 
@@ -23,10 +25,14 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from crc32c import crc32c
 
+from ..errors import CorruptionError
 from ..index import ipc_bytes, read_ipc
 
 DIRNAME = "tq-keys.d"
+MAGIC = b"LBJ1"
+HEADER = 20  # magic, body length, header CRC32C, body CRC32C
 ROTATE_RECORDS = 4096  # records a segment holds before the controller starts the next one
 
 
@@ -44,10 +50,16 @@ class Sequencer:
         return pa.table({"key": keys, **{c: records.column(c) for c in records.column_names}, "tq_seq": seq})
 
 
+def frame_of(table: pa.Table) -> bytes:
+    """``table`` as one journal frame (header with its CRC, body with its CRC)."""
+    data = ipc_bytes(table)
+    head = MAGIC + len(data).to_bytes(8, "little")
+    return head + crc32c(head).to_bytes(4, "little") + crc32c(data).to_bytes(4, "little") + data
+
+
 def append_frame(fd: int, table: pa.Table, sync: bool) -> None:
     """One frame at the end of the file ``fd``: whole or not at all (a short write is undone)."""
-    data = ipc_bytes(table)
-    frame = len(data).to_bytes(8, "little") + data
+    frame = frame_of(table)
     start = os.lseek(fd, 0, os.SEEK_END)
     try:
         view = memoryview(frame)
@@ -61,11 +73,34 @@ def append_frame(fd: int, table: pa.Table, sync: bool) -> None:
 
 
 def read_frames(path: Path) -> list[pa.Table]:
-    """The records of one log file; a torn last frame (a crash mid-append: never acknowledged) is left."""
+    """The records of one log file; a frame cut short at its end (a crash mid-append: never
+    acknowledged) is left out; a damaged one raises ``CorruptionError``."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         return []
+    if data and not data.startswith(MAGIC):
+        return _legacy_frames(data)
+    tables, pos = [], 0
+    while pos + HEADER <= len(data):
+        head = data[pos:pos + 12]
+        if not head.startswith(MAGIC) or crc32c(head) != int.from_bytes(data[pos + 12:pos + 16], "little"):
+            raise CorruptionError(f"journal log {path}: the frame at byte {pos} is damaged (header); the file "
+                                  "is kept as it is")
+        size = int.from_bytes(head[4:], "little")
+        if pos + HEADER + size > len(data):
+            break  # cut short by a crash: never acknowledged
+        body = data[pos + HEADER:pos + HEADER + size]
+        if crc32c(body) != int.from_bytes(data[pos + 16:pos + 20], "little"):
+            raise CorruptionError(f"journal log {path}: the frame at byte {pos} fails its CRC; the file is kept "
+                                  "as it is")
+        tables.append(read_ipc(body))
+        pos += HEADER + size
+    return tables
+
+
+def _legacy_frames(data: bytes) -> list[pa.Table]:
+    """A store log written before frames had CRCs (8 bytes of length, then the stream)."""
     tables, pos = [], 0
     while pos + 8 <= len(data):
         size = int.from_bytes(data[pos:pos + 8], "little")

@@ -274,6 +274,45 @@ def test_controller_segments_rotate_and_the_store_takes_every_record_once(tmp_pa
     w2.close()
 
 
+@pytest.mark.parametrize("where", ["body", "length"])
+def test_a_damaged_journal_segment_is_reported_and_kept_never_taken_short(tmp_path, monkeypatch, where):
+    """A flipped byte in a closed segment, in a record or in a frame's length: opening the store's
+    journal raises CorruptionError naming the file, the file stays as it was and the journal buffer
+    keeps what it had (a damaged length read as the end of the log would have dropped later records)."""
+    import pyarrow as pa
+
+    import lakebuffer as lb
+    from lakebuffer.integrations import tq_journal_log
+    from lakebuffer.integrations.tq_controller import JOURNAL_SCHEMA
+    from lakebuffer.integrations.tq_journal import Journal
+    from lakebuffer.integrations.tq_journal_log import HEADER, SegmentWriter, segments
+
+    monkeypatch.setattr(tq_journal_log, "ROTATE_RECORDS", 4)
+    rec = [{"tq_op": "state", "tq_partition": "a", "tq_index": i, "tq_key": f"k{i}", "tq_tags": "{}", "tq_rows": "{}",
+            "tq_schema": "{}", "tq_shapes": "{}"} for i in range(5)]
+    j = Journal(str(tmp_path), {"snapshot_interval_s": 0}, "run")
+    j.append(pa.Table.from_pylist(rec[:1], schema=JOURNAL_SCHEMA))
+    j.drain()  # k0 in the buffer
+    w = SegmentWriter(j.segments_dir, j.next_seq(), sync=False)
+    for r in rec[1:]:
+        w.append(pa.Table.from_pylist([r], schema=JOURNAL_SCHEMA))
+    w.close()
+    j.buf.close()
+    j.log.close()
+    seg = segments(j.segments_dir)[0][0]  # closed: four records
+    raw = bytearray(seg.read_bytes())
+    raw[HEADER + 40 if where == "body" else 6] ^= 0x40
+    seg.write_bytes(bytes(raw))
+    with pytest.raises(lb.CorruptionError, match=str(seg)):
+        Journal(str(tmp_path), {"snapshot_interval_s": 0}, "run")
+    assert seg.read_bytes() == bytes(raw)  # kept as it was, for fsck or a person
+    raw[HEADER + 40 if where == "body" else 6] ^= 0x40  # repaired: every record comes back
+    seg.write_bytes(bytes(raw))
+    j = Journal(str(tmp_path), {"snapshot_interval_s": 0}, "run")
+    assert sorted(r["tq_key"] for r in j.state().to_pylist()) == [f"k{i}" for i in range(5)]
+    j.close()
+
+
 @pytest.mark.slow
 def test_verl_v1_replay_buffer_samples_the_same_groups_after_sigkill_between_produce_and_sample(tmp_path):
     """verl 0.9.1's own V1 ReplayBuffer (async mode, DAPO filter on rm_scores) over the LakeBuffer
