@@ -22,6 +22,9 @@ from nbclient import NotebookClient
 
 import lakebuffer as lb
 
+# ~25 s of notebook kernels: `make test-slow` runs them (and the wheel check executes the notebook too)
+pytestmark = pytest.mark.slow
+
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "cross_run_reuse.ipynb"
 PLOTS = 7  # reward, lag at replay (or version gap), zero variance, truncation, length, pass rate, reuse
 RUNS, VERSIONS = 6, 60

@@ -134,7 +134,7 @@ def test_background_warming_waits_for_a_cold_read_still_in_flight(tmp_path):
 
         def slow_take(*args, **kwargs):
             inside.set()
-            time.sleep(6 * promotion.YIELD_S)  # a slow object store, within YIELD_TIMES waits
+            time.sleep(3 * promotion.YIELD_S)  # a slow object store, within YIELD_TIMES waits
             return real_take(*args, **kwargs)
 
         real_promote = b._promotion.promote
