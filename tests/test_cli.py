@@ -126,6 +126,7 @@ def test_debug_shows_traceback(filled):
     assert r.returncode != 0 and "Traceback" in r.stderr
 
 
+@pytest.mark.slow  # ~5 s of a quick bench (tests/test_bench.py covers the scenarios in make test)
 def test_bench_quick_through_the_cli_and_a_bad_scenario(tmp_path):
     out = tmp_path / "b.json"
     r = cli("bench", "--quick", "--scenario", "limits", "--out", str(out))

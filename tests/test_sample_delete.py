@@ -11,6 +11,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 import lakebuffer as lb
 from tests.rollouts import make_rollouts
@@ -84,6 +85,7 @@ def test_samples_concurrent_with_deletes_return_existing_rows(tmp_path):
         assert len(buf) == 2000 - 1200
 
 
+@pytest.mark.slow  # ~6 s of four producers and periodic snapshots: make test-slow
 def test_delete_completes_under_four_producers(tmp_path):
     # periodic snapshots to a local lake, back to back while writes keep the lake behind: what kept
     # the task queue from ever being empty
