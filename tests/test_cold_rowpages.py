@@ -217,3 +217,48 @@ def test_a_damaged_page_in_the_buffers_lake_is_a_corruption_error_naming_the_fil
         finally:
             hit.write_bytes(original)
         assert buf.get([key], ["response_ids"]).equals(before)
+
+
+def test_pages_not_in_the_page_cache_are_read_by_the_pool_and_equal(tmp_path, monkeypatch):
+    """A file whose pages would wait for the disk is read on the fetch threads (their waits overlap);
+    one in the page cache is read at once. Either way the rows are the same."""
+    import lakebuffer.lake.rowpages as rowpages
+
+    if rowpages._NOWAIT is None:
+        pytest.skip("this platform has no RWF_NOWAIT: every local file is read on the fetch threads")
+    threads: list[str] = []
+    real = rowpages.RowPages._fetch
+
+    def spy(self, entry, plan, cached_only=False):
+        if not cached_only:
+            threads.append(__import__("threading").current_thread().name)
+        return real(self, entry, plan, cached_only)
+
+    monkeypatch.setattr(rowpages.RowPages, "_fetch", spy)
+    with _cold_buffer(tmp_path / "buf", str(tmp_path / "lake")) as buf:
+        ref = _fill(buf, batches=16)
+        _check_buffer_get(buf, ref)  # files just written: in the page cache, read at once
+        assert threads == []
+        # the disk's view: every cached-only read refused (as after the page cache dropped the files)
+        monkeypatch.setattr(rowpages, "_read_cached", lambda fd, a, b: (_ for _ in ()).throw(rowpages.WouldBlock()))
+        _check_buffer_get(buf, ref)
+        assert len(threads) > 1 and all(n.startswith("lakebuffer-pages") for n in threads), threads
+
+
+def test_a_cached_read_returns_the_bytes_or_refuses(tmp_path):
+    import lakebuffer.lake.rowpages as rowpages
+
+    if rowpages._NOWAIT is None:
+        pytest.skip("no RWF_NOWAIT here")
+    data = os.urandom(100_000)
+    (tmp_path / "f").write_bytes(data)
+    fd = os.open(tmp_path / "f", os.O_RDONLY)
+    try:
+        os.pread(fd, len(data), 0)  # in the page cache now
+        assert bytes(rowpages._read_cached(fd, 1000, 70_000)) == data[1000:70_000]
+        assert len(rowpages._read_cached(fd, 99_000, 120_000)) == 1000  # past the end: short (the caller refuses it)
+    finally:
+        os.close(fd)
+    reader = RowPages(LakeFS(str(tmp_path)), 1 << 20)
+    with pytest.raises(Unreadable, match="shorter"):
+        reader._read_ranges("f", [(99_000, 120_000)], cached_only=True)

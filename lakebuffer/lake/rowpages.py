@@ -40,7 +40,26 @@ MERGE_GAP = 16 * 1024
 LAYOUT_THREADS = 8  # files whose footers are read at once
 #: compressed page bytes one part of a take reads and decompresses at once (RAM: ~3x this while it runs)
 PART_BYTES = 16 << 20
-FETCH_THREADS = 8  # files of an object store whose pages are read at once
+FETCH_THREADS = 8  # files whose pages are read at once (an object store's, or local ones not in the page cache)
+_NOWAIT = getattr(os, "RWF_NOWAIT", None)
+
+
+class WouldBlock(Exception):
+    """A read ``RWF_NOWAIT`` refused: the bytes are not in the page cache."""
+
+
+def _read_cached(fd: int, a: int, b: int) -> bytearray:
+    """Bytes ``a:b`` of ``fd`` if the page cache holds all of them, else ``WouldBlock``."""
+    buf = bytearray(b - a)
+    try:
+        n = os.preadv(fd, [buf], a, _NOWAIT)
+    except (BlockingIOError, OSError):  # EAGAIN, or a filesystem without RWF_NOWAIT: read it the usual way
+        raise WouldBlock from None
+    if n != b - a:
+        if n < b - a and os.fstat(fd).st_size >= b:
+            raise WouldBlock  # part of it cached
+        return buf[:n]
+    return buf
 
 
 # reading ------------------------------------------------------------------------------------
@@ -156,14 +175,19 @@ class RowPages:
         self.counts = {"rows": 0, "left": 0}
 
     # file access
-    def _read_ranges(self, rel: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+    def _read_ranges(self, rel: str, ranges: list[tuple[int, int]], cached_only: bool = False) -> list[Any]:
+        """The bytes of each (start, end) range of the file. ``cached_only`` (local files): only what
+        the page cache holds, else ``WouldBlock`` (``RWF_NOWAIT``: nothing waits for the disk)."""
         path = self.store.abs(rel)
         if self.store.native_local:
             fd = os.open(path, os.O_RDONLY)
             try:
-                out = []
+                out: list[Any] = []
                 for a, b in ranges:
-                    got = os.pread(fd, b - a, a)
+                    if cached_only:
+                        got = _read_cached(fd, a, b)
+                    else:
+                        got = os.pread(fd, b - a, a)
                     if len(got) != b - a:
                         raise Unreadable("file shorter than its footer says")
                     out.append(got)
@@ -342,17 +366,28 @@ class RowPages:
         """Read and decompress the pages of the items of ``part``: {item: {page: (header, body)}}.
         Pages are read file by file (on an object store ``FETCH_THREADS`` files at once), then
         CRC-checked and decompressed on ``BODY_THREADS`` threads (native work, without the GIL)."""
-        def fetch(i: int) -> list[memoryview] | Unreadable:
+        def fetch(i: int, cached_only: bool = False) -> list[memoryview] | Unreadable | None:
             try:
-                return self._fetch(items[i][0], plans[i])  # type: ignore[arg-type]
+                return self._fetch(items[i][0], plans[i], cached_only)  # type: ignore[arg-type]
+            except WouldBlock:
+                return None
             except Unreadable as e:
                 return e
 
-        if self.store.native_local or len(part) < 2:
-            raws = [fetch(i) for i in part]
-        else:  # an object store: the files' requests overlap
-            with ThreadPoolExecutor(min(FETCH_THREADS, len(part)), thread_name_prefix="lakebuffer-pages") as pool:
-                raws = list(pool.map(fetch, part))
+        # a local file whose pages are in the page cache is read at once, in this thread (a thread pool
+        # costs more than such reads); the files that would wait for the disk, or an object store's,
+        # are read FETCH_THREADS at a time so their waits overlap (measured: benchmarks/notes/coldget_disk.md)
+        raws: list[list[memoryview] | Unreadable | None] = [None] * len(part)
+        if self.store.native_local and _NOWAIT:
+            raws = [fetch(i, cached_only=True) for i in part]
+        waiting = [k for k, r in enumerate(raws) if r is None]
+        if len(waiting) < 2:
+            for k in waiting:
+                raws[k] = fetch(part[k])
+        else:
+            with ThreadPoolExecutor(min(FETCH_THREADS, len(waiting)), thread_name_prefix="lakebuffer-pages") as pool:
+                for k, got in zip(waiting, pool.map(fetch, [part[k] for k in waiting])):
+                    raws[k] = got
         jobs = []
         for i, raw in zip(part, raws):
             if isinstance(raw, Unreadable):
@@ -392,8 +427,9 @@ class RowPages:
             plan.rows[c] = (page_ids, local)
         return plan
 
-    def _fetch(self, entry: dict, plan: _Plan) -> list[memoryview]:
-        """The raw bytes of the plan's pages, in page-number order (adjacent ranges read as one)."""
+    def _fetch(self, entry: dict, plan: _Plan, cached_only: bool = False) -> list[memoryview]:
+        """The raw bytes of the plan's pages, in page-number order (adjacent ranges read as one);
+        ``cached_only``: ``WouldBlock`` unless the page cache holds them all."""
         merged: list[list[int]] = []
         for off, size in sorted(plan.wanted):
             if merged and off <= merged[-1][1] + MERGE_GAP:
@@ -401,8 +437,8 @@ class RowPages:
             else:
                 merged.append([off, off + size])
         try:
-            blobs = self._read_ranges(entry["path"], [(a, b) for a, b in merged])
-        except Unreadable:
+            blobs = self._read_ranges(entry["path"], [(a, b) for a, b in merged], cached_only)
+        except (Unreadable, WouldBlock):
             raise
         except Exception as e:  # noqa: BLE001 - the older path says what it means
             raise Unreadable(f"{type(e).__name__}: {e}") from e
