@@ -24,6 +24,7 @@ import numpy as np
 
 #: remote ranges per call (the kernel's UIO_MAXIOV)
 IOV_MAX = 1024
+MADV_RANDOM = getattr(mmap, "MADV_RANDOM", 1)
 
 
 class VmReadError(OSError):
@@ -43,6 +44,8 @@ def _libc() -> ctypes.CDLL | None:
                               ctypes.c_long]
         libc.munmap.restype = ctypes.c_int
         libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.madvise.restype = ctypes.c_int
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     except (OSError, AttributeError):
         return None
     return libc
@@ -71,6 +74,10 @@ class Mapping:
             addr = _LIBC.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
             if addr not in (None, _MAP_FAILED):
                 self.addr = addr
+                # takes are random rows: a fault reads its own pages, not the disk's read-around window
+                # (``read_ahead_kb``: 8 MiB on this VM, so 59 rows of a cold page cache read 422 MB;
+                # BENCHMARKS.md "#23"). A failed hint changes nothing but speed.
+                _LIBC.madvise(addr, size, MADV_RANDOM)
 
     def __del__(self) -> None:
         if self.addr and _LIBC is not None:
