@@ -15,9 +15,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..tiers import Location
+from ..tiers import Location, segfooter
 from ..tiers.base import gather
-from ..tiers.wal import _FOOTER
 
 
 def locate(buf: Any, keys: list[str]) -> Location:
@@ -50,7 +49,8 @@ class IpcFiles:
         t = self.tables.get(p)
         if t is None:
             buf = pa.memory_map(str(p)).read_buffer()
-            buf = buf.slice(0, buf.size - _FOOTER.size)
+            footer = segfooter.parse_buffer(memoryview(buf))
+            buf = buf.slice(0, footer.ipc_end if footer is not None else buf.size)
             t = self.tables[p] = pa.ipc.open_file(pa.BufferReader(buf)).read_all()
             st = os.stat(p)
             self.sig[p] = (st.st_size, st.st_mtime_ns)

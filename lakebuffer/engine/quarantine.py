@@ -19,8 +19,8 @@ LOG = "log.jsonl"
 
 HOW_TO_DISPOSE = (
     "quarantined files are never read by the buffer. WAL segments and warm fragments (*.arrow) are Arrow IPC "
-    "files followed by an 8-byte checksum footer: inspect one with pyarrow.ipc.open_file(path, "
-    "footer_offset=os.path.getsize(path) - 8).read_all() and push again any rows you still want (a segment "
+    "files followed by a checksum footer: inspect one with pyarrow.ipc.open_file(path, "
+    "footer_offset=lakebuffer.tiers.segfooter.ipc_end(path)).read_all() and push again any rows you still want (a segment "
     "no index entry refers to holds a push that crashed before it was acknowledged; a warm fragment there "
     "failed its checksum, so check its rows before trusting them); a damaged index "
     "(index.damaged-*) is only kept for diagnosis. Delete {folder} once you no longer need them."

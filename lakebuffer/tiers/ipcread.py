@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -153,7 +154,38 @@ def _build(t: pa.DataType, nodes: list, bufs: list, body: int, body_len: int) ->
     return Node(t, length, nulls, mine, [_build(c, nodes, bufs, body, body_len) for c in _children(t)])
 
 
+#: per open file descriptor: a check its bytes must pass before they are read (a warm fragment checked
+#: chunk by chunk instead of whole: ``tiers.chunkcheck``); ``_pread`` and ``read_ranges`` call it
+_CHECKS: dict[int, Callable[[np.ndarray, np.ndarray], None]] = {}
+
+
+def set_check(fd: int, check: Callable[[np.ndarray, np.ndarray], None]) -> None:
+    _CHECKS[fd] = check
+
+
+def clear_check(fd: int, check: Callable[[np.ndarray, np.ndarray], None]) -> None:
+    """Forget ``fd``'s check if it is still ``check`` (called before the file is closed)."""
+    if _CHECKS.get(fd) is check:
+        _CHECKS.pop(fd, None)
+
+
+def _checked(fds: np.ndarray, pos: np.ndarray, n: np.ndarray) -> None:
+    """Run the checks of the files that have one over the ranges about to be read from them."""
+    if len(fds) == 1 or (fds == fds[0]).all():
+        c = _CHECKS.get(int(fds[0]))
+        if c is not None:
+            c(pos, n)
+        return
+    for fd in np.unique(fds).tolist():
+        c = _CHECKS.get(fd)
+        if c is not None:
+            m = fds == fd
+            c(pos[m], n[m])
+
+
 def _pread(fd: int, n: int, off: int) -> bytes:
+    if _CHECKS and fd in _CHECKS:
+        _CHECKS[fd](np.array([off], np.int64), np.array([n], np.int64))
     b = os.pread(fd, n, off)
     if len(b) != n:
         raise LayoutError(f"file ends at {off + len(b)}, expected {off + n} bytes")
@@ -290,6 +322,8 @@ def read_ranges(fds: np.ndarray, pos: np.ndarray, n: np.ndarray,
     out = pa.py_buffer(arr)
     if total == 0:
         return out
+    if _CHECKS:
+        _checked(np.asarray(fds, np.int64), np.asarray(pos, np.int64), np.asarray(n, np.int64))
     if maps is not None and vmread.available() and maps[0].all():
         if ((pos < 0) | (pos + n > maps[1])).any():
             raise LayoutError("a range lies outside its file")

@@ -1,9 +1,10 @@
 """The write-ahead log: one Arrow IPC segment per hot batch, so an acknowledged push survives kill -9.
 
 A segment is written to ``<id>.arrow.tmp`` and renamed into place, so a torn write never looks
-like a segment. Arrow IPC has no checksum of its own, so every segment ends with an 8-byte footer
-(CRC32C of the IPC bytes before it, then ``LBW1``) that ``read`` checks: recovery and fsck never
-serve a flipped byte. Segments without the footer (written before it existed) are read unchecked;
+like a segment. Arrow IPC has no checksum of its own, so every segment ends with a checksum footer
+(``segfooter``: a CRC32C per 64 KiB chunk of the IPC bytes; ``LBW1`` segments of older releases carry
+one CRC32C) that ``read`` checks: recovery and fsck never serve a flipped byte. Segments without a
+footer (written before it existed) are read unchecked;
  the index entry for the batch is written after the rename, so a segment with no
 index entry is a push that was never acknowledged (recovery deletes it). A segment is removed as
 soon as its batch is in the warm tier.
@@ -11,16 +12,16 @@ soon as its batch is in the warm tier.
 
 from __future__ import annotations
 
+import mmap
 import os
-import struct
 from collections.abc import Iterable
 from pathlib import Path
 
 import pyarrow as pa
-from crc32c import crc32c
 
 from ..errors import CorruptionError, LakeBufferError, StorageError, disk_full, error_boundary, is_disk_full
-from .checksum import crc32c_file, repair_hint
+from . import segfooter
+from .checksum import repair_hint
 
 
 def fsync_path(path: Path | str) -> None:
@@ -31,8 +32,13 @@ def fsync_path(path: Path | str) -> None:
     finally:
         os.close(fd)
 
-_FOOTER = struct.Struct("<I4s")
-_MAGIC = b"LBW1"
+def _footer_of(path: Path) -> bytes:
+    """The checksum footer (``segfooter``, LBW2) of the IPC bytes written to ``path`` (read back mapped)."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return segfooter.encode(b"")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m, memoryview(m) as view:
+            return segfooter.encode(view)
 
 
 def _wal_error(wal: WriteAheadLog, e: BaseException) -> LakeBufferError | None:
@@ -82,9 +88,9 @@ class WriteAheadLog:
                 with pa.ipc.new_file(f, schema) as w:
                     for b in table:
                         w.write_batch(b)
-        crc = crc32c_file(tmp)  # read back from the page cache: no second copy of the batch in RAM
+        footer = _footer_of(tmp)  # read back from the page cache: no second copy of the batch in RAM
         with open(tmp, "ab") as f:
-            f.write(_FOOTER.pack(crc, _MAGIC))
+            f.write(footer)
         if self.sync:
             fsync_path(tmp)
         os.replace(tmp, final)
@@ -100,11 +106,13 @@ class WriteAheadLog:
                 buf = src.read_buffer()
         except OSError as e:
             raise CorruptionError(f"WAL segment {seg} is missing ({e}); {repair_hint(self.path.parent)}") from e
-        n = buf.size
-        if n >= _FOOTER.size and buf[n - 4 :].to_pybytes() == _MAGIC:
-            want, _ = _FOOTER.unpack(buf[n - _FOOTER.size :].to_pybytes())
-            buf = buf.slice(0, n - _FOOTER.size)
-            if crc32c(memoryview(buf)) != want:
+        try:
+            footer = segfooter.parse_buffer(memoryview(buf))
+        except segfooter.FooterError as e:
+            raise CorruptionError(f"WAL segment {seg} has {e}; {repair_hint(self.path.parent)}") from e
+        if footer is not None:  # (a segment without one was written before footers existed: read unchecked)
+            buf = buf.slice(0, footer.ipc_end)
+            if footer.check(memoryview(buf)) is not None:
                 raise CorruptionError(f"WAL segment {seg} fails its checksum; {repair_hint(self.path.parent)}")
         try:
             return pa.ipc.open_file(pa.BufferReader(buf)).read_all()

@@ -54,11 +54,13 @@ import pyarrow.dataset as pds
 from crc32c import crc32c
 
 from ..errors import CorruptionError, LakeBufferError, StorageError, disk_full, error_boundary, is_disk_full
+from . import ipcread, segfooter
 from .base import Location, Staged, gather
 from .checksum import repair_hint
+from .chunkcheck import ChunkCheck
 from .ipcread import Layout, LayoutError, one_run, read_layout, read_runs, split
 from .vmread import Mapping
-from .wal import _FOOTER, _MAGIC, WriteAheadLog, fsync_path
+from .wal import WriteAheadLog, fsync_path
 from .warmscan import DELETED_KEY, WarmDataset
 
 log = logging.getLogger("lakebuffer.warm")
@@ -125,6 +127,28 @@ def _crc32c_of(fd: int, n: int) -> int:
     return crc
 
 
+def _check_whole(fd: int, footer: segfooter.Footer) -> int | None:
+    """Every IPC byte of ``fd`` against its footer: the first failing chunk (0 for an LBW1 file), None if all
+    pass. Read ``CHECK_CHUNK`` bytes at a time into one buffer (anonymous memory, freed after the check)."""
+    n = footer.ipc_end
+    if not footer.chunk_bytes:
+        return None if _crc32c_of(fd, n) == int(footer.crcs[0]) else 0
+    step = max(footer.chunk_bytes, CHECK_CHUNK // footer.chunk_bytes * footer.chunk_bytes)
+    buf = bytearray(min(step, max(n, 1)))
+    view = memoryview(buf)
+    pos = 0
+    while pos < n:
+        want = min(len(buf), n - pos)
+        k = os.preadv(fd, [view[:want]], pos)
+        if k != want:
+            raise LayoutError(f"file ends at {pos + max(k, 0)} of {n} bytes")
+        bad = footer.check(view[:k], pos // footer.chunk_bytes)
+        if bad is not None:
+            return bad
+        pos += k
+    return None
+
+
 @dataclass
 class _Open:
     """One fragment, open and verified: its file, its (inode, size, mtime) and its IPC layout."""
@@ -135,6 +159,10 @@ class _Open:
 
     #: its layout is one ``take`` reads by rows (``ipcread``) with the tier's schema
     plain: bool = False
+    #: where its IPC bytes end (its checksum footer after them)
+    ipc_end: int = 0
+    #: not checked whole: every range a take reads is checked chunk by chunk first (``chunkcheck``)
+    check: ChunkCheck | None = None
 
     def __post_init__(self) -> None:
         self.fd = self.src.fileno()  # an attribute: read per fragment per call
@@ -142,9 +170,9 @@ class _Open:
         #: the file mapped, for scattered copies that fail instead of signalling (``vmread``); never read directly
         self.map = Mapping(self.fd, self.sig[1]) if self.plain else Mapping(self.fd, 0)
 
-    @property
-    def ipc_end(self) -> int:
-        return self.sig[1] - _FOOTER.size
+    def __del__(self) -> None:
+        if self.check is not None:  # before ``src`` closes its descriptor (which another file may reuse)
+            ipcread.clear_check(self.fd, self.check)
 
     def unchanged(self) -> bool:
         """True while the open file still has the verified signature (checked after every read)."""
@@ -292,41 +320,64 @@ class WarmTier:
     def _damaged(self, f: int, what: str) -> CorruptionError:
         return CorruptionError(f"warm fragment {f}: file {self.file_of(f)} {what}; {repair_hint(self.buffer_dir)}")
 
-    def _verify_file(self, f: int, force: bool = False) -> _Open:
+    def _verify_file(self, f: int, force: bool = False, lazy: bool = False) -> _Open:
         """Open fragment ``f``, check its CRC32C footer unless this process already did (or ``force``),
-        and parse its IPC layout; the file must keep one signature throughout, else it is checked again."""
+        and parse its IPC layout; the file must keep one signature throughout, else it is checked again.
+        ``lazy`` (a take): a fragment with chunk CRCs is not checked whole; the take checks the chunks
+        it reads (``chunkcheck``), and a later scan or ``opened()`` checks it whole."""
         path = str(self.file_of(f))
         for _attempt in range(3):
             try:
                 src = pa.OSFile(path)
             except OSError as e:
                 raise self._damaged(f, f"is missing ({e})") from e
+            fd = src.fileno()
             t0 = time.time_ns()
-            st = os.fstat(src.fileno())
+            st = os.fstat(fd)
             sig, n = _sig_of(st), st.st_size
             check = force or (self.verify_reads and self._verified.get(f) != sig)
+            chunks: ChunkCheck | None = None
             try:
-                if n < _FOOTER.size or os.pread(src.fileno(), 4, n - 4) != _MAGIC:
-                    raise self._damaged(f, "has no checksum footer (torn or not a fragment)")
-                want, _ = _FOOTER.unpack(os.pread(src.fileno(), _FOOTER.size, n - _FOOTER.size))
-                if check and _crc32c_of(src.fileno(), n - _FOOTER.size) != want:
-                    if _sig_of(os.fstat(src.fileno())) != sig:
+                try:
+                    footer = segfooter.parse_fd(fd, n)
+                except segfooter.FooterError as e:
+                    if _sig_of(os.fstat(fd)) != sig:
+                        continue
+                    raise self._damaged(f, f"has {e} (torn or not a fragment)") from e
+                if check and lazy and not force and footer.chunk_bytes:
+                    chunks = ChunkCheck(path, fd, footer, remember=t0 - st.st_mtime_ns > RACY_NS)
+                    ipcread.set_check(fd, chunks)  # the layout's own bytes are checked as they are read
+                elif check and _check_whole(fd, footer) is not None:
+                    if _sig_of(os.fstat(fd)) != sig:
                         continue  # changed while checked: check the new bytes
                     raise self._damaged(f, "fails its checksum")
-                layout = read_layout(src.fileno(), n - _FOOTER.size)
+                layout = read_layout(fd, footer.ipc_end)
+                plain = layout.supported and layout.schema.equals(self.schema)
+                if chunks is not None and not plain:  # read by pyarrow's IPC reader: checked whole first
+                    ipcread.clear_check(fd, chunks)
+                    chunks = None
+                    if _check_whole(fd, footer) is not None:
+                        if _sig_of(os.fstat(fd)) != sig:
+                            continue
+                        raise self._damaged(f, "fails its checksum")
             except (LayoutError, OSError) as e:
-                if _sig_of(os.fstat(src.fileno())) != sig:
+                if chunks is not None:
+                    ipcread.clear_check(fd, chunks)
+                if _sig_of(os.fstat(fd)) != sig:
                     continue
                 raise self._damaged(f, f"cannot be decoded ({e})") from e
-            if _sig_of(os.fstat(src.fileno())) != sig:
+            if _sig_of(os.fstat(fd)) != sig:
+                if chunks is not None:
+                    ipcread.clear_check(fd, chunks)
                 continue
-            if check and t0 - st.st_mtime_ns > RACY_NS:
+            if check and chunks is None and t0 - st.st_mtime_ns > RACY_NS:
                 self._verified[f] = sig
-            return _Open(sig, src, layout, layout.supported and layout.schema.equals(self.schema))
+            return _Open(sig, src, layout, plain, footer.ipc_end, chunks)
         raise self._damaged(f, "keeps changing while it is read (another program writes it)")
 
-    def opened(self, f: int) -> _Open:
-        """Fragment ``f`` open and verified (no system call when it already is).
+    def opened(self, f: int, lazy: bool = False) -> _Open:
+        """Fragment ``f`` open and verified (no system call when it already is); ``lazy`` (a take): or
+        open with its chunks checked as they are read.
 
         An open file is trusted while it keeps its signature, which every read checks afterwards
         (``_Open.unchanged``); a name another program replaced or removed keeps serving the verified
@@ -335,11 +386,12 @@ class WarmTier:
         """
         f = int(f)
         o = self._open.get(f)  # lock-free read (a dict get is atomic); writers below hold the lock
-        if o is not None and (not self.verify_reads or self._verified.get(f) == o.sig):
+        if o is not None and (not self.verify_reads or self._verified.get(f) == o.sig
+                              or (lazy and o.check is not None)):
             return o
         if not os.path.exists(f"{self._dir}/{f:016d}.arrow"):
             raise self._damaged(f, "is missing")
-        o = self._verify_file(f)
+        o = self._verify_file(f, lazy=lazy)
         with self._maps_lock:
             self._open[f] = o
             while len(self._open) > MAX_OPEN_FILES:  # the oldest goes first (closed when no read holds it)
@@ -370,7 +422,8 @@ class WarmTier:
             opens = []
             for f in uniq.tolist():  # ``opened`` inlined: a dict get per fragment when it is open and verified
                 o = self._open.get(f)
-                opens.append(o if o is not None and (verified is None or verified.get(f) == o.sig) else self.opened(f))
+                opens.append(o if o is not None and (verified is None or verified.get(f) == o.sig or o.check is not None)
+                             else self.opened(f, lazy=True))
             try:
                 out = self._take_open(opens, uniq, inv.astype(np.int64), rows, columns, schema)
                 changed = [f for f, o in zip(uniq.tolist(), opens) if not o.unchanged()]
@@ -567,7 +620,8 @@ class WarmTier:
                 with pa.OSFile(str(path)) as src:
                     size = os.fstat(src.fileno()).st_size
                     opts = pa.ipc.IpcReadOptions(included_fields=[self.schema.get_field_index("key")])
-                    key = pa.ipc.open_file(src, footer_offset=size - _FOOTER.size, options=opts).read_all().column(0)
+                    end = segfooter.parse_fd(src.fileno(), size).ipc_end
+                    key = pa.ipc.open_file(src, footer_offset=end, options=opts).read_all().column(0)
                 key.validate(full=True)
                 rows = len(key)
                 live = rows - pc.sum(pc.equal(key, DELETED_KEY)).as_py() if rows else 0
