@@ -144,3 +144,30 @@ def test_an_older_single_crc_fragment_is_checked_whole(tmp_path):
     with lb.ReplayBuffer.open(tmp_path, **OPEN) as buf:
         with pytest.raises(CorruptionError, match="checksum"):
             buf.get([keys[0]], ["key"])
+
+
+def test_the_check_reads_each_chunk_once_and_refuses_ranges_outside_the_checked_bytes(tmp_path):
+    from lakebuffer.tiers.chunkcheck import ChunkCheck, ChunkDamaged
+    from lakebuffer.tiers.ipcread import LayoutError
+
+    data = os.urandom(300_000)
+    p = tmp_path / "f"
+    p.write_bytes(data + segfooter.encode(data))
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        footer = segfooter.parse_fd(fd, os.fstat(fd).st_size)
+        check = ChunkCheck(str(p), fd, footer, remember=True)
+        check(np.array([10, 70_000, 299_990]), np.array([5, 100_000, 10]))  # chunks 0, 1-2, 4
+        assert check.good.tolist() == [True, True, True, False, True]
+        check(np.array([300_000, 5]), np.array([0, 0]))  # empty ranges, one at the very end
+        with pytest.raises(LayoutError, match="outside"):
+            check(np.array([299_995]), np.array([10]))  # into the footer
+        bad = bytearray(data)
+        bad[200_000] ^= 1  # chunk 3, not checked yet
+        with open(p, "r+b") as f:
+            f.seek(196_608)
+            f.write(bytes(bad[196_608:262_144]))
+        with pytest.raises(ChunkDamaged, match="chunk 3"):
+            check(np.array([200_000]), np.array([4]))
+    finally:
+        os.close(fd)

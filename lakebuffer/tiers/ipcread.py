@@ -176,11 +176,14 @@ def _checked(fds: np.ndarray, pos: np.ndarray, n: np.ndarray) -> None:
         if c is not None:
             c(pos, n)
         return
-    for fd in np.unique(fds).tolist():
-        c = _CHECKS.get(fd)
+    order = np.argsort(fds, kind="stable")
+    f = fds[order]
+    cuts = np.flatnonzero(f[1:] != f[:-1]) + 1
+    for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(f)]):
+        c = _CHECKS.get(int(f[a]))
         if c is not None:
-            m = fds == fd
-            c(pos[m], n[m])
+            idx = order[a:b]
+            c(pos[idx], n[idx])
 
 
 def _pread(fd: int, n: int, off: int) -> bytes:
