@@ -53,7 +53,7 @@ def _read_cached(fd: int, a: int, b: int) -> bytearray:
     buf = bytearray(b - a)
     try:
         n = os.preadv(fd, [buf], a, _NOWAIT)
-    except (BlockingIOError, OSError):  # EAGAIN, or a filesystem without RWF_NOWAIT: read it the usual way
+    except OSError:  # EAGAIN (BlockingIOError), or a filesystem without RWF_NOWAIT: read it the usual way
         raise WouldBlock from None
     if n != b - a:
         if n < b - a and os.fstat(fd).st_size >= b:

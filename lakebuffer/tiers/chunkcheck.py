@@ -48,14 +48,14 @@ class ChunkCheck:
             return
         first, last = first[keep], last[keep]
         if (last - first).max() == 0:
-            need = np.zeros(len(self.good), bool)
+            need = np.zeros(len(good), bool)
             need[first] = True
         else:  # ranges over several chunks: mark [first, last] of each
-            edges = np.zeros(len(self.good) + 1, np.int64)
+            edges = np.zeros(len(good) + 1, np.int64)
             np.add.at(edges, first, 1)
             np.add.at(edges, last + 1, -1)
             need = np.cumsum(edges[:-1]) > 0
-        ids = np.flatnonzero(need & ~self.good)
+        ids = np.flatnonzero(need & ~good)
         if not len(ids):
             return
         for run in np.split(ids, np.flatnonzero(np.diff(ids) != 1) + 1):

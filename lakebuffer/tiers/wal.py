@@ -12,7 +12,6 @@ soon as its batch is in the warm tier.
 
 from __future__ import annotations
 
-import mmap
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -21,7 +20,7 @@ import pyarrow as pa
 
 from ..errors import CorruptionError, LakeBufferError, StorageError, disk_full, error_boundary, is_disk_full
 from . import segfooter
-from .checksum import repair_hint
+from .checksum import of_mapped_file, repair_hint
 
 
 def fsync_path(path: Path | str) -> None:
@@ -31,14 +30,6 @@ def fsync_path(path: Path | str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-def _footer_of(path: Path) -> bytes:
-    """The checksum footer (``segfooter``, LBW2) of the IPC bytes written to ``path`` (read back mapped)."""
-    with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size == 0:
-            return segfooter.encode(b"")
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m, memoryview(m) as view:
-            return segfooter.encode(view)
 
 
 def _wal_error(wal: WriteAheadLog, e: BaseException) -> LakeBufferError | None:
@@ -88,7 +79,7 @@ class WriteAheadLog:
                 with pa.ipc.new_file(f, schema) as w:
                     for b in table:
                         w.write_batch(b)
-        footer = _footer_of(tmp)  # read back from the page cache: no second copy of the batch in RAM
+        footer = of_mapped_file(segfooter.encode, tmp)  # read back from the page cache: no second copy in RAM
         with open(tmp, "ab") as f:
             f.write(footer)
         if self.sync:

@@ -113,40 +113,28 @@ CHECK_CHUNK = 1 << 20
 RACY_NS = 50_000_000
 
 
-def _crc32c_of(fd: int, n: int) -> int:
-    """CRC32C of the first ``n`` bytes of ``fd`` by positioned reads (no map: a truncation is an error)."""
-    buf = bytearray(min(CHECK_CHUNK, max(n, 1)))
-    view = memoryview(buf)
-    crc, pos = 0, 0
-    while pos < n:
-        k = os.preadv(fd, [view[: min(len(buf), n - pos)]], pos)
-        if k <= 0:
-            raise LayoutError(f"file ends at {pos} of {n} bytes")
-        crc = crc32c(view[:k], crc)
-        pos += k
-    return crc
-
-
 def _check_whole(fd: int, footer: segfooter.Footer) -> int | None:
     """Every IPC byte of ``fd`` against its footer: the first failing chunk (0 for an LBW1 file), None if all
-    pass. Read ``CHECK_CHUNK`` bytes at a time into one buffer (anonymous memory, freed after the check)."""
-    n = footer.ipc_end
-    if not footer.chunk_bytes:
-        return None if _crc32c_of(fd, n) == int(footer.crcs[0]) else 0
-    step = max(footer.chunk_bytes, CHECK_CHUNK // footer.chunk_bytes * footer.chunk_bytes)
+    pass. Read by positioned reads (no map: a truncation is an error), ``CHECK_CHUNK`` bytes (whole
+    chunks) at a time into one buffer (anonymous memory, freed after the check)."""
+    n, size = footer.ipc_end, footer.chunk_bytes
+    step = max(size, CHECK_CHUNK // size * size) if size else CHECK_CHUNK
     buf = bytearray(min(step, max(n, 1)))
     view = memoryview(buf)
-    pos = 0
+    crc, pos = 0, 0  # LBW1: one CRC32C chained over the reads
     while pos < n:
         want = min(len(buf), n - pos)
         k = os.preadv(fd, [view[:want]], pos)
         if k != want:
             raise LayoutError(f"file ends at {pos + max(k, 0)} of {n} bytes")
-        bad = footer.check(view[:k], pos // footer.chunk_bytes)
-        if bad is not None:
-            return bad
+        if size:
+            bad = footer.check(view[:k], pos // size)
+            if bad is not None:
+                return bad
+        else:
+            crc = crc32c(view[:k], crc)
         pos += k
-    return None
+    return None if size or crc == int(footer.crcs[0]) else 0
 
 
 @dataclass
