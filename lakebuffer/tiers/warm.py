@@ -28,7 +28,8 @@ kept (at most ``MAX_OPEN_FILES``), each with its parsed IPC layout.
 Integrity (issue 15, guarantee 2: reads never return data failing its checksum): a fragment is
 checked against its own CRC32C footer the first time this process reads it (``take``, or a DuckDB
 scan when it starts), and stays verified while its file keeps its (inode, size, mtime); a changed
-file is checked again (a file modified within ``RACY_NS`` of its check is checked again next time). A fragment this process wrote starts verified (its CRC32C was taken from the bytes
+file is checked again (``warmfile``: a file modified within ``RACY_NS`` of its check is checked again next time).
+A fragment this process wrote starts verified (its CRC32C was taken from the bytes
 on disk), and so does an adopted WAL segment unchanged since this process wrote it; any other is
 checked when adopted.
 A fragment that fails raises ``CorruptionError`` naming the file and the fix, every time it is read.
@@ -42,25 +43,21 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
-from crc32c import crc32c
 
 from ..errors import CorruptionError, LakeBufferError, StorageError, disk_full, error_boundary, is_disk_full
-from . import ipcread, segfooter
+from . import segfooter
 from .base import Location, Staged, gather
 from .checksum import repair_hint
-from .chunkcheck import ChunkCheck
-from .ipcread import Layout, LayoutError, one_run, read_layout, read_runs, split
-from .vmread import Mapping
+from .ipcread import LayoutError, one_run, read_runs, split
 from .wal import WriteAheadLog, fsync_path
+from .warmfile import OpenFragment, Sig, open_fragment, path_sig, size_mtime
 from .warmscan import DELETED_KEY, WarmDataset
 
 log = logging.getLogger("lakebuffer.warm")
@@ -79,103 +76,6 @@ def warm_path(buffer_dir: Path) -> Path:
 def has_fragments(buffer_dir: Path) -> bool:
     d = warm_path(buffer_dir)
     return d.is_dir() and any(p.suffix == ".arrow" for p in d.iterdir())
-
-
-def _signature(path: Path | str) -> tuple[int, int] | None:
-    """(size, mtime): what the WAL recorded for a segment it wrote (``adopt`` compares the two)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_size, st.st_mtime_ns
-
-
-Sig = tuple[int, int, int]
-
-
-def _sig_of(st: os.stat_result) -> Sig:
-    """(inode, size, mtime): a write or truncate by anyone changes mtime before it changes a byte, a
-    rename-over changes the inode; what must stay the same for verified bytes to stay verified."""
-    return st.st_ino, st.st_size, st.st_mtime_ns
-
-
-def _path_sig(path: str) -> Sig | None:
-    try:
-        return _sig_of(os.stat(path))
-    except OSError:
-        return None
-
-
-#: bytes read per step while checking a fragment's CRC32C (anonymous memory, freed after the check)
-CHECK_CHUNK = 1 << 20
-#: a file modified this recently is checked but not trusted afterwards: its mtime may not change on a
-#: second write within the same clock tick (git's "racily clean" problem)
-RACY_NS = 50_000_000
-
-
-def _check_whole(fd: int, footer: segfooter.Footer) -> int | None:
-    """Every IPC byte of ``fd`` against its footer: the first failing chunk (0 for an LBW1 file), None if all
-    pass. Read by positioned reads (no map: a truncation is an error), ``CHECK_CHUNK`` bytes (whole
-    chunks) at a time into one buffer (anonymous memory, freed after the check)."""
-    n, size = footer.ipc_end, footer.chunk_bytes
-    step = max(size, CHECK_CHUNK // size * size) if size else CHECK_CHUNK
-    buf = bytearray(min(step, max(n, 1)))
-    view = memoryview(buf)
-    crc, pos = 0, 0  # LBW1: one CRC32C chained over the reads
-    while pos < n:
-        want = min(len(buf), n - pos)
-        k = os.preadv(fd, [view[:want]], pos)
-        if k != want:
-            raise LayoutError(f"file ends at {pos + max(k, 0)} of {n} bytes")
-        if size:
-            bad = footer.check(view[:k], pos // size)
-            if bad is not None:
-                return bad
-        else:
-            crc = crc32c(view[:k], crc)
-        pos += k
-    return None if size or crc == int(footer.crcs[0]) else 0
-
-
-@dataclass
-class _Open:
-    """One fragment, open and verified: its file, its (inode, size, mtime) and its IPC layout."""
-
-    sig: Sig
-    src: pa.OSFile  # closed when the last reader drops it (never under a running read)
-    layout: Layout
-
-    #: its layout is one ``take`` reads by rows (``ipcread``) with the tier's schema
-    plain: bool = False
-    #: where its IPC bytes end (its checksum footer after them)
-    ipc_end: int = 0
-    #: not checked whole: every range a take reads is checked chunk by chunk first (``chunkcheck``)
-    check: ChunkCheck | None = None
-
-    def __post_init__(self) -> None:
-        self.fd = self.src.fileno()  # an attribute: read per fragment per call
-        self.rows = self.layout.rows
-        #: the file mapped, for scattered copies that fail instead of signalling (``vmread``); never read directly
-        self.map = Mapping(self.fd, self.sig[1]) if self.plain else Mapping(self.fd, 0)
-
-    def __del__(self) -> None:
-        if self.check is not None:  # before ``src`` closes its descriptor (which another file may reuse)
-            ipcread.clear_check(self.fd, self.check)
-
-    def unchanged(self) -> bool:
-        """True while the open file still has the verified signature (checked after every read)."""
-        try:
-            st = os.fstat(self.fd)
-        except OSError:
-            return False
-        return (st.st_ino, st.st_size, st.st_mtime_ns) == self.sig
-
-    def reader(self, columns: Sequence[str] | None = None) -> pa.ipc.RecordBatchFileReader:
-        """pyarrow's IPC reader over the open file (positioned reads, only ``columns`` when given)."""
-        opts = None
-        if columns is not None:
-            opts = pa.ipc.IpcReadOptions(included_fields=[self.layout.schema.get_field_index(c) for c in columns])
-        return pa.ipc.open_file(self.src, footer_offset=self.ipc_end, options=opts)
 
 
 def _unique(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -218,7 +118,7 @@ class WarmTier:
         self._writer: WriteAheadLog | None = None  # created on the first write: fsck only reads
         self._lock = threading.Lock()  # writers (stage, delete, drop)
         self._maps_lock = threading.Lock()
-        self._open: dict[int, _Open] = {}  # fragment -> open file + layout (at most MAX_OPEN_FILES)
+        self._open: dict[int, OpenFragment] = {}  # fragment -> open file + layout (at most MAX_OPEN_FILES)
         self._verified: dict[int, Sig] = {}  # fragment -> signature when it last passed
         self._counts: dict[int, tuple[int, int, int]] = {}  # fragment -> (rows, live rows, bytes)
         self._published: set[int] = set(self._ids_on_disk())
@@ -282,7 +182,7 @@ class WarmTier:
         if self._sync:
             fsync_path(self.path)
         try:
-            if checked is None or _signature(target) != checked:
+            if checked is None or size_mtime(str(target)) != checked:
                 self._verify_file(f, force=True)
         except BaseException:
             target.unlink(missing_ok=True)
@@ -291,7 +191,7 @@ class WarmTier:
 
     def _entered(self, f: int, rows: int) -> Staged:
         path = self.file_of(f)
-        sig = _path_sig(str(path))
+        sig = path_sig(str(path))
         if sig is not None:
             self._verified[f] = sig  # the writer's CRC32C was taken from the bytes on disk
         nbytes = sig[1] if sig else 0
@@ -308,67 +208,24 @@ class WarmTier:
     def _damaged(self, f: int, what: str) -> CorruptionError:
         return CorruptionError(f"warm fragment {f}: file {self.file_of(f)} {what}; {repair_hint(self.buffer_dir)}")
 
-    def _verify_file(self, f: int, force: bool = False, lazy: bool = False) -> _Open:
-        """Open fragment ``f``, check its CRC32C footer unless this process already did (or ``force``),
-        and parse its IPC layout; the file must keep one signature throughout, else it is checked again.
-        ``lazy`` (a take): a fragment with chunk CRCs is not checked whole; the take checks the chunks
-        it reads (``chunkcheck``), and a later scan or ``opened()`` checks it whole."""
-        path = str(self.file_of(f))
-        for _attempt in range(3):
-            try:
-                src = pa.OSFile(path)
-            except OSError as e:
-                raise self._damaged(f, f"is missing ({e})") from e
-            fd = src.fileno()
-            t0 = time.time_ns()
-            st = os.fstat(fd)
-            sig, n = _sig_of(st), st.st_size
-            check = force or (self.verify_reads and self._verified.get(f) != sig)
-            chunks: ChunkCheck | None = None
-            try:
-                try:
-                    footer = segfooter.parse_fd(fd, n)
-                except segfooter.FooterError as e:
-                    if _sig_of(os.fstat(fd)) != sig:
-                        continue
-                    raise self._damaged(f, f"has {e} (torn or not a fragment)") from e
-                if check and lazy and not force and footer.chunk_bytes:
-                    chunks = ChunkCheck(path, fd, footer, remember=t0 - st.st_mtime_ns > RACY_NS)
-                    ipcread.set_check(fd, chunks)  # the layout's own bytes are checked as they are read
-                elif check and _check_whole(fd, footer) is not None:
-                    if _sig_of(os.fstat(fd)) != sig:
-                        continue  # changed while checked: check the new bytes
-                    raise self._damaged(f, "fails its checksum")
-                layout = read_layout(fd, footer.ipc_end)
-                plain = layout.supported and layout.schema.equals(self.schema)
-                if chunks is not None and not plain:  # read by pyarrow's IPC reader: checked whole first
-                    ipcread.clear_check(fd, chunks)
-                    chunks = None
-                    if _check_whole(fd, footer) is not None:
-                        if _sig_of(os.fstat(fd)) != sig:
-                            continue
-                        raise self._damaged(f, "fails its checksum")
-            except (LayoutError, OSError) as e:
-                if chunks is not None:
-                    ipcread.clear_check(fd, chunks)
-                if _sig_of(os.fstat(fd)) != sig:
-                    continue
-                raise self._damaged(f, f"cannot be decoded ({e})") from e
-            if _sig_of(os.fstat(fd)) != sig:
-                if chunks is not None:
-                    ipcread.clear_check(fd, chunks)
-                continue
-            if check and chunks is None and t0 - st.st_mtime_ns > RACY_NS:
-                self._verified[f] = sig
-            return _Open(sig, src, layout, plain, footer.ipc_end, chunks)
-        raise self._damaged(f, "keeps changing while it is read (another program writes it)")
+    def _verify_file(self, f: int, force: bool = False, lazy: bool = False) -> OpenFragment:
+        """Open fragment ``f``, checked unless this process already checked these bytes (or ``force``);
+        ``lazy`` (a take): chunk by chunk as read (``warmfile.open_fragment``)."""
+        def must_check(sig: Sig) -> bool:
+            return force or (self.verify_reads and self._verified.get(f) != sig)
 
-    def opened(self, f: int, lazy: bool = False) -> _Open:
+        o, trusted = open_fragment(str(self.file_of(f)), self.schema, must_check, lazy and not force,
+                                   lambda what: self._damaged(f, what))
+        if trusted:
+            self._verified[f] = o.sig
+        return o
+
+    def opened(self, f: int, lazy: bool = False) -> OpenFragment:
         """Fragment ``f`` open and verified (no system call when it already is); ``lazy`` (a take): or
         open with its chunks checked as they are read.
 
         An open file is trusted while it keeps its signature, which every read checks afterwards
-        (``_Open.unchanged``); a name another program replaced or removed keeps serving the verified
+        (``OpenFragment.unchanged``); a name another program replaced or removed keeps serving the verified
         file this tier holds open (its bytes are still the verified ones) until it is dropped. Changes
         made here (deletes, drops) forget the open file first.
         """
@@ -426,7 +283,7 @@ class WarmTier:
                 self._forget(f)
         raise self._damaged(int(changed[0]), "changed while it was read, twice")
 
-    def _take_open(self, opens: list[_Open], uniq: np.ndarray, inv: np.ndarray, rows: np.ndarray,
+    def _take_open(self, opens: list[OpenFragment], uniq: np.ndarray, inv: np.ndarray, rows: np.ndarray,
                    columns: list[str], schema: pa.Schema) -> pa.Table:
         n_rows = np.array([o.rows for o in opens], np.int64)
         if (rows < 0).any() or (rows >= n_rows[inv]).any():
@@ -478,7 +335,7 @@ class WarmTier:
                     raise self._damaged(f, "changed while it was read")
                 yield pa.RecordBatch.from_arrays(arrays, schema=schema)
 
-    def _batches_whole(self, f: int, o: _Open, columns: Sequence[str], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    def _batches_whole(self, f: int, o: OpenFragment, columns: Sequence[str], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
         """A fragment ``ipcread`` does not read by rows (dictionaries, compression, an older schema)."""
         try:
             r = o.reader(columns)
