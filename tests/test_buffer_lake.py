@@ -67,6 +67,7 @@ def test_deletes_are_carried_into_the_lake(tmp_path, lake):
         assert sorted(view.sql("SELECT key FROM rollouts").column(0).to_pylist()) == live
 
 
+@pytest.mark.parametrize("lake", ["local", pytest.param("s3", marks=pytest.mark.slow)], indirect=True)  # s3: 12 s
 def test_periodic_snapshot_while_pushing_from_another_thread(tmp_path, lake):
     buf = lb.ReplayBuffer.open(tmp_path / "a", memory_limit_mb=2, snapshot_interval_s=0.2, run_id="live", **lake)
     acked: list[str] = []

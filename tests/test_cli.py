@@ -46,6 +46,7 @@ def test_demo_runs_on_embedded_defaults(tmp_path):
     assert "push rollouts" in r.stderr  # the progress bar
 
 
+@pytest.mark.slow  # ~7 s of subprocess CLI runs (make test-slow)
 def test_sql_prints_table_and_formats(filled, tmp_path):
     r = cli("sql", str(filled), "SELECT policy_version, count(*) AS n FROM rollouts GROUP BY 1 ORDER BY 1")
     assert r.returncode == 0, r.stderr
@@ -82,6 +83,7 @@ def test_stats_table_and_json(filled):
     assert cli("stats", "/no/such/dir").returncode == 1
 
 
+@pytest.mark.slow  # ~7 s of subprocess CLI runs (make test-slow)
 def test_snapshot_restore_compact(filled, tmp_path):
     lake = tmp_path / "lake"
     r = cli("snapshot", str(filled), "--lake", str(lake))
@@ -160,6 +162,7 @@ def test_sql_analysis_query_by_name_and_unknown_name(filled):
     assert r.returncode == 1 and "policy_lag" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow  # ~7 s of subprocess CLI runs (make test-slow)
 def test_stats_shows_the_runs_budget_and_a_lake_title(filled, tmp_path):
     r = cli("stats", str(filled), "--json")
     assert json.loads(r.stdout)["hot"]["limit_bytes"] == 2**20  # the fixture's memory_limit_mb=1
