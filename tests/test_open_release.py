@@ -23,9 +23,8 @@ from lakebuffer.engine.snapshots import Snapshots
 from tests.rollouts import make_rollouts
 
 #: process-wide threads a buffer may leave by design: the one low-priority snapshot thread (Acero
-#: slots, see engine/snapshots.at_low_priority), the idle warm-take helpers (engine/reads) and
-#: fsspec's / s3fs's event loop
-_PROCESS_THREADS = ("lakebuffer-snapshot", "lakebuffer-warm-take", "fsspecIO", "asyncio_")
+#: slots, see engine/snapshots.at_low_priority) and fsspec's / s3fs's event loop
+_PROCESS_THREADS = ("lakebuffer-snapshot", "fsspecIO", "asyncio_")
 
 
 class Injected(Exception):

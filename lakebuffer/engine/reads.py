@@ -2,17 +2,13 @@
 
 ``get`` resolves keys in the index, groups them by tier and asks each tier for its rows with one
 vectorised ``take`` (no per-row Python), then restores the caller's order; ``sample_count`` comes
-back live from the catalog, which owns replay counts. When a get has both warm and cold rows, the
-warm take runs on a helper thread while the cold one runs here: from disk both wait for reads, and
-the waits overlap (a sampled batch is ~20% warm rows; BENCHMARKS.md "#23").
+back live from the catalog, which owns replay counts.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -26,19 +22,6 @@ from ..tiers.base import gather
 from ..tiers.cold import StaleLocation
 from .diskbudget import cold_plan
 from .state import BufferState
-
-#: warm takes that overlap a cold take (process-wide; idle threads cost nothing)
-WARM_TAKE_THREADS = 2
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def _warm_pool() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(WARM_TAKE_THREADS, thread_name_prefix="lakebuffer-warm-take")
-        return _pool
 
 
 def get(s: BufferState, keys: Sequence[str] | pa.Array, columns: Sequence[str] | None) -> pa.Table:
@@ -95,20 +78,11 @@ def _fetch(s: BufferState, keys: list[str], fetch: list[str], retry: bool) -> pa
         s.served["hot"] += len(hot_rows)
         s.served["warm"] += len(warm_rows)
         s.served["cold"] += len(cold_rows)
-    warm_part: Future | None = None
-    if len(warm_rows) and len(cold_rows):  # overlapped with the cold take (see the module)
-        warm_part = _warm_pool().submit(warm.take, where, fetch)
-    elif len(warm_rows):
+    if len(warm_rows):
         parts.append(warm.take(where, fetch).select(fetch))
         order.append(warm_rows)
     if len(cold_rows):
-        try:
-            cold_part = _take_cold(s, [keys[i] for i in cold_rows.tolist()], batch[cold_rows], fetch, cold_where, retry)
-        finally:
-            if warm_part is not None:  # its error first: the warm rows were asked first
-                parts.append(warm_part.result().select(fetch))
-                order.append(warm_rows)
-        parts.append(cold_part)
+        parts.append(_take_cold(s, [keys[i] for i in cold_rows.tolist()], batch[cold_rows], fetch, cold_where, retry))
         order.append(cold_rows)
         if s.on_cold_read is not None:
             s.on_cold_read(np.unique(batch[cold_rows]).tolist())
