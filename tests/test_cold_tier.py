@@ -162,7 +162,7 @@ def test_a_flipped_byte_in_the_lake_file_a_cold_get_reads_raises_corruption_erro
         assert buf.get(hot, ["key"]).column("key").to_pylist() == hot  # other tiers still serve
 
 
-def test_a_get_of_warm_and_cold_rows_at_once_returns_them_in_order_and_names_either_tiers_damage(tmp_path):
+def test_a_get_of_warm_and_cold_rows_at_once_returns_them_in_order_and_names_a_damaged_warm_file(tmp_path):
     """A get whose keys are split between the warm and the cold tier: rows come back in the asked order
     with identical values, and damage in the warm fragment fails the whole get, naming the file."""
     path, lake = tmp_path / "buf", str(tmp_path / "lake")
@@ -183,7 +183,7 @@ def test_a_get_of_warm_and_cold_rows_at_once_returns_them_in_order_and_names_eit
 
         # damage in the warm fragment of one asked warm row: the get fails, naming that file
         state = buf._state
-        batch, pos, _ = state.index.lookup([warm_keys[0]])
+        batch, _, _ = state.index.lookup([warm_keys[0]])
         warm_file = state.warm.file_of(state.batches[int(batch[0])].fragment)
         data = bytearray(warm_file.read_bytes())
         data[len(data) // 3] ^= 0x01

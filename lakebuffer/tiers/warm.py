@@ -28,10 +28,10 @@ kept (at most ``MAX_OPEN_FILES``), each with its parsed IPC layout.
 Integrity (issue 15, guarantee 2: reads never return data failing its checksum): a fragment is
 checked against its own CRC32C footer the first time this process reads it (``take``, or a DuckDB
 scan when it starts), and stays verified while its file keeps its (inode, size, mtime); a changed
-file is checked again (``warmfile``: a file modified within ``RACY_NS`` of its check is checked again next time).
-A fragment this process wrote starts verified (its CRC32C was taken from the bytes
-on disk), and so does an adopted WAL segment unchanged since this process wrote it; any other is
-checked when adopted.
+file is checked again (``warmfile``: a file modified within ``RACY_NS`` of its check is checked again
+next time). A fragment this process wrote starts verified (its CRC32C was taken from the bytes on disk),
+and so does an adopted WAL segment unchanged since this process wrote it; any other is checked when
+adopted.
 A fragment that fails raises ``CorruptionError`` naming the file and the fix, every time it is read.
 
 Deletes rewrite the fragment's ``key`` column with the row slots kept (so row positions, which the
@@ -57,7 +57,7 @@ from .base import Location, Staged, gather
 from .checksum import repair_hint
 from .ipcread import LayoutError, one_run, read_runs, split
 from .wal import WriteAheadLog, fsync_path
-from .warmfile import OpenFragment, Sig, open_fragment, path_sig, size_mtime
+from .warmfile import OpenFragment, Sig, open_fragment, path_sig
 from .warmscan import DELETED_KEY, WarmDataset
 
 log = logging.getLogger("lakebuffer.warm")
@@ -182,7 +182,8 @@ class WarmTier:
         if self._sync:
             fsync_path(self.path)
         try:
-            if checked is None or size_mtime(str(target)) != checked:
+            sig = path_sig(str(target))  # (inode, size, mtime); the WAL recorded (size, mtime)
+            if checked is None or sig is None or sig[1:] != checked:
                 self._verify_file(f, force=True)
         except BaseException:
             target.unlink(missing_ok=True)

@@ -34,15 +34,6 @@ CHECK_CHUNK = 1 << 20
 RACY_NS = 50_000_000
 
 
-def size_mtime(path: str) -> tuple[int, int] | None:
-    """(size, mtime): what the WAL recorded for a segment it wrote (``adopt`` compares the two)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_size, st.st_mtime_ns
-
-
 def sig_of(st: os.stat_result) -> Sig:
     """(inode, size, mtime): a write or truncate by anyone changes mtime before it changes a byte, a
     rename-over changes the inode; what must stay the same for verified bytes to stay verified."""
@@ -108,10 +99,9 @@ class OpenFragment:
     def unchanged(self) -> bool:
         """True while the open file still has the verified signature (checked after every read)."""
         try:
-            st = os.fstat(self.fd)
+            return sig_of(os.fstat(self.fd)) == self.sig
         except OSError:
             return False
-        return (st.st_ino, st.st_size, st.st_mtime_ns) == self.sig
 
     def reader(self, columns: Sequence[str] | None = None) -> pa.ipc.RecordBatchFileReader:
         """pyarrow's IPC reader over the open file (positioned reads, only ``columns`` when given)."""
