@@ -56,10 +56,10 @@ def _table(n: int = 300, seed: int = 0) -> pa.Table:
 def _write(path: Path, t: pa.Table, rows_per_group: int = 128) -> None:
     t = by_key(t)
     names = t.column_names
-    full = t.append_column(HASH_COLUMN, hash_column(t, names))
-    schema = schema_with_hash(t.schema)
-    with pq.ParquetWriter(path, full.schema.with_metadata(schema.metadata), **parquet_options(full.schema)) as w:
-        w.write_table(full.cast(full.schema.with_metadata(schema.metadata)), row_group_size=rows_per_group)
+    schema = schema_with_hash(t.schema)  # as the lake writer: ``_lb_hash`` required, last
+    full = t.append_column(schema.field(HASH_COLUMN), hash_column(t, names))
+    with pq.ParquetWriter(path, schema, **parquet_options(schema)) as w:
+        w.write_table(full.cast(schema), row_group_size=rows_per_group)
 
 
 def _entry(root: Path, name: str) -> dict:
@@ -115,12 +115,73 @@ def test_a_damaged_page_is_never_returned(tmp_path):
         data[int(start + c.total_compressed_size - 3)] ^= 0x04  # inside the chunk's last page's values
         path.write_bytes(bytes(data))
         try:
-            reader.take(entry, [f"k{r:06d}" for r in range(128)], np.arange(128), [name] if name != HASH_COLUMN else [])
+            # a digest is checked against the columns returned: damage in the digests shows with all of them
+            asked = [name] if name != HASH_COLUMN else [n for n in t.column_names if n != "key"]
+            reader.take(entry, [f"k{r:06d}" for r in range(128)], np.arange(128), asked)
         except Unreadable:
             ok += 1
         finally:
             path.write_bytes(original)
     assert ok == md.num_columns - 1  # every damaged chunk refused (its page CRC or a row digest)
+
+
+def _digest_spans(reader: RowPages, entry: dict, rows: np.ndarray, cols: list[str]) -> list[int]:
+    """The sizes of the reads a take plans for ``_lb_hash`` (one per distinct page or row)."""
+    import lakebuffer.lake.rowpages as rowpages
+
+    plan = reader._plan(entry, [f"k{r:06d}" for r in rows], rows, cols)
+    return [size for (_off, size), n in plan.wanted.items() if plan.codecs[n] == rowpages.RAW] if plan.direct \
+        else [-1]
+
+
+def test_digests_are_read_row_by_row_where_the_file_stores_them_plain_and_are_still_checked(tmp_path):
+    """The writer stores ``_lb_hash`` uncompressed and PLAIN, so a take reads each asked row's digest
+    bytes alone (width bytes a row, not a page). A flipped byte in any row's digest fails that row;
+    a file written the older way (zstd digests) is read page by page with the same result."""
+    t = _table()
+    path = tmp_path / "f.parquet"
+    _write(path, t)
+    md = pq.read_metadata(path)
+    hash_chunk = md.row_group(0).column(md.num_columns - 1)
+    assert hash_chunk.path_in_schema == HASH_COLUMN and hash_chunk.compression == "UNCOMPRESSED"
+    reader = RowPages(LakeFS(str(tmp_path)), 1 << 20)
+    entry = _entry(tmp_path, "f.parquet")
+    cols = [c for c in t.column_names if c != "key"]
+    width = 8 * len(t.column_names)
+    rows = np.array([3, 4, 130, 299, 64], np.int64)
+    assert _digest_spans(reader, entry, rows, cols) == [width] * len(rows)
+    want = reader.take(entry, [f"k{r:06d}" for r in rows], rows, cols)
+    assert want.column("key").to_pylist() == [f"k{r:06d}" for r in rows]
+
+    # the older layout: same rows, read page by page
+    old = tmp_path / "old.parquet"
+    opts = parquet_options(pa.schema([*t.schema, pa.field(HASH_COLUMN, pa.binary(width), nullable=False)]))
+    opts.update(compression="zstd", compression_level=1)
+    opts.pop("column_encoding")
+    full = by_key(t)
+    schema = schema_with_hash(t.schema)
+    full = full.append_column(HASH_COLUMN, hash_column(full, t.column_names)).cast(schema)
+    with pq.ParquetWriter(old, schema, **opts) as w:
+        w.write_table(full, row_group_size=128)
+    assert pq.read_metadata(old).row_group(0).column(md.num_columns - 1).compression == "ZSTD"
+    old_entry = _entry(tmp_path, "old.parquet")
+    assert _digest_spans(reader, old_entry, rows, cols) == [-1]
+    assert reader.take(old_entry, [f"k{r:06d}" for r in rows], rows, cols).equals(want)
+
+    # damage: one byte of one row's digest, for every digest byte position class (first, middle, last)
+    original = path.read_bytes()
+    plan = reader._plan(entry, ["k000130"], np.array([130]), cols)
+    (off, size), = [span for span, n in plan.wanted.items() if plan.codecs[n] == "raw"]
+    for at in (off, off + size // 2, off + size - 1):
+        data = bytearray(original)
+        data[at] ^= 0x10
+        path.write_bytes(bytes(data))
+        reader.forget("f.parquet")
+        with pytest.raises(Unreadable, match="digest"):
+            reader.take(entry, ["k000130"], np.array([130]), cols)
+        # its neighbours are not touched by that byte and are still served
+        assert reader.take(entry, ["k000129", "k000131"], np.array([129, 131]), cols).num_rows == 2
+    path.write_bytes(original)
 
 
 def test_unsupported_chunks_are_left_to_the_older_reader(tmp_path):
@@ -166,6 +227,9 @@ def _check_buffer_get(buf: lb.ReplayBuffer, ref: pa.Table) -> None:
         assert got.column(c).to_pylist() == want.column(c).to_pylist(), c
     reader = next(iter(buf._state.cold._page_readers.values())).rows
     assert reader.counts["rows"] >= 64 and reader.counts["left"] == 0, reader.counts
+    # the lake's files store their digests so that a get reads each row's digest bytes alone
+    entry = buf.lake.latest_manifest(buf.run_id)["files"][0]
+    assert reader._plan(entry, ["?"], np.array([0]), ["response_ids"]).direct
 
 
 def test_a_buffers_cold_get_is_served_by_the_row_reader(tmp_path):

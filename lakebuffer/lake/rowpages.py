@@ -10,7 +10,10 @@ lake.
 
 What it verifies: the CRC of every page it reads (the writer writes page checksums), and each row's
 content digest (``_lb_hash``, ``lake/rowhash.py``) against the asked key and every returned column: a
-row is returned only when both hold. It does not diagnose: a file it cannot read or decode, a page
+row is returned only when both hold. Where the file stores ``_lb_hash`` uncompressed and PLAIN (the
+writer does, ``parquet_options``), a row's digest bytes are read alone, at the offset the offset index
+gives (a page's values are its last bytes), not its page: the digests are what is checked, so a
+damaged one fails its row as a damaged page would, and nothing returned goes unverified. It does not diagnose: a file it cannot read or decode, a page
 that fails its CRC, a row that fails its digest, and column chunks it does not decode (dictionary
 pages, nesting deeper than one list level, data pages v2, strings) make the caller read that file the
 older way (``PageReader``'s DataFusion query), which reports exactly what is wrong.
@@ -65,6 +68,11 @@ def _read_cached(fd: int, a: int, b: int) -> bytearray:
 # reading ------------------------------------------------------------------------------------
 #: threads that CRC-check and decompress the pages of one get (native code without the GIL)
 BODY_THREADS = 2
+#: the codec mark of a plan's "page" that is one row's digest bytes, read raw (no header, no CRC)
+RAW = "raw"
+#: longest page header a direct digest read accepts (a page header of a data page v1/v2 with CRC and
+#: no statistics is ~20-40 bytes; more means the layout is not the one assumed: read the pages)
+MAX_HEADER = 512
 
 
 class _Plan:
@@ -76,6 +84,7 @@ class _Plan:
         self.codecs: dict[int, str | None] = {}
         self.dict_of: dict[int, int] = {}  # page number -> the page number of its chunk's dictionary
         self.rows: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # column -> (page of each row, row in it)
+        self.direct = False  # each row's ``_lb_hash`` is read as its own bytes (``RAW`` spans)
 
     def page(self, span: tuple[int, int], codec: str | None, dictionary: tuple[int, int] | None) -> int:
         n = self.wanted.setdefault(span, len(self.wanted))
@@ -109,6 +118,9 @@ def _finish_together(plans: list[_Plan], bodies: list[dict], keys: list[list[str
     for c in first.read:
         leaf = first.lay.leaves[c]
         page_ids = np.concatenate([p.rows[c][0] + base[i] for i, p in enumerate(plans)])
+        if c == HASH_COLUMN and first.direct:
+            arrays[c] = _raw_values(leaf.width, [body(g)[1] for g in page_ids.tolist()])
+            continue
         local = np.concatenate([p.rows[c][1] for p in plans])
         uniq, inv = np.unique(page_ids, return_inverse=True)
         try:
@@ -132,6 +144,35 @@ def _finish_together(plans: list[_Plan], bodies: list[dict], keys: list[list[str
     return pa.table({c: arrays[c] for c in [*first.cols, HASH_COLUMN]})
 
 
+def _raw_values(width: int, spans: list[memoryview]) -> pa.Array:
+    """The ``fixed_size_binary(width)`` array of rows' raw value bytes, in order."""
+    data = b"".join(spans)
+    if len(data) != width * len(spans):
+        raise Unreadable("digest bytes cut short")
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), len(spans), [None, pa.py_buffer(data)])
+
+
+def _direct_starts(lay: Layout, groups: list[int]) -> dict[int, np.ndarray] | None:
+    """Per row group, where each ``_lb_hash`` page's values start, when the file stores them so that a
+    row's digest is at a computed offset (uncompressed, PLAIN, required fixed-width values: a page is
+    its header then rows x width bytes); else None (read the pages)."""
+    leaf = lay.leaves.get(HASH_COLUMN)
+    if leaf is None or leaf.field_optional or leaf.is_list or leaf.width <= 0:
+        return None
+    out = {}
+    for g in groups:
+        ch = lay.chunks[g].get(HASH_COLUMN)
+        if ch is None or ch.codec is not None or ch.dictionary is not None:
+            return None
+        first_rows, offsets, sizes = ch.pages()
+        rows = np.diff(np.append(first_rows, lay.row_starts[g + 1] - lay.row_starts[g]))
+        header = sizes - rows * leaf.width
+        if len(header) == 0 or (header <= 0).any() or (header > MAX_HEADER).any():
+            return None
+        out[g] = offsets + header
+    return out
+
+
 def _bodies(jobs: list[tuple[int, int, memoryview]], plans: list) -> dict[int, dict]:
     """``page_body`` of every (item, page number, raw bytes), split over ``BODY_THREADS`` threads:
     {item: {page number: (header, body) or Unreadable}}."""
@@ -142,8 +183,12 @@ def _bodies(jobs: list[tuple[int, int, memoryview]], plans: list) -> dict[int, d
     def run(part: list[tuple[int, int, memoryview]]) -> None:
         with native_call("decompressing lake pages"):
             for i, n, raw in part:
+                codec = plans[i].codecs[n]
+                if codec == RAW:
+                    out[i][n] = (None, raw)
+                    continue
                 try:
-                    out[i][n] = page_body(raw, plans[i].codecs[n])
+                    out[i][n] = page_body(raw, codec)
                 except Unreadable as e:
                     out[i][n] = e
                 except Exception as e:  # noqa: BLE001 - a header or body that does not decode
@@ -313,7 +358,7 @@ class RowPages:
             for i in part:
                 plan = plans[i]
                 if plan is not None and i not in errors:
-                    sig = (tuple(plan.read), tuple(plan.lay.hashed or ()),
+                    sig = (tuple(plan.read), tuple(plan.lay.hashed or ()), plan.direct,
                            tuple(plan.lay.leaves[c] for c in plan.read))
                     groups.setdefault(sig, []).append(i)
             for members in groups.values():
@@ -408,17 +453,26 @@ class RowPages:
         rg = np.searchsorted(lay.row_starts, rows, side="right") - 1
         in_rg = rows - lay.row_starts[rg]
         plan = _Plan(lay, cols, read)
+        groups = np.unique(rg).tolist()
+        direct = _direct_starts(lay, groups)
+        plan.direct = direct is not None
         # which page of each column holds each row; one read per distinct page (adjacent ones merged)
         for c in read:
             page_ids = np.empty(len(rows), np.int64)
             local = np.empty(len(rows), np.int64)
-            for g in np.unique(rg).tolist():
+            for g in groups:
                 ch = lay.chunks[g].get(c)
                 if ch is None:
                     raise Unreadable(f"column {c} is not decoded here")
                 sel = rg == g
                 first_rows, offsets, sizes = ch.pages()
                 p = np.searchsorted(first_rows, in_rg[sel], side="right") - 1
+                if c == HASH_COLUMN and direct is not None:  # each row's digest bytes alone
+                    width = lay.leaves[c].width
+                    at = direct[g][p] + (in_rg[sel] - first_rows[p]) * width
+                    page_ids[sel] = [plan.page((a, width), RAW, None) for a in at.tolist()]
+                    local[sel] = 0
+                    continue
                 ids = np.empty(len(p), np.int64)
                 for j, (off, size) in enumerate(zip(offsets[p].tolist(), sizes[p].tolist())):
                     ids[j] = plan.page((off, size), ch.codec, ch.dictionary)

@@ -49,15 +49,35 @@ MAX_STAT_CHARS = 64  # longer strings get no min/max in the Delta stats (optiona
 DATA_PAGE_BYTES = 64 * 1024
 
 
+def _leaf_paths(schema: pa.Schema) -> list[str]:
+    """The Parquet column paths of ``schema``'s leaves, as pyarrow names them (``ids.list.element``):
+    per-column writer settings are keyed by them. Read from an empty file of the schema (exact for any
+    nesting, ~1 ms a writer)."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(schema.empty_table(), sink)
+    meta = pq.read_metadata(pa.BufferReader(sink.getvalue()))
+    return [meta.schema.column(i).path for i in range(meta.num_columns)]
+
+
 def parquet_options(schema: pa.Schema) -> dict:
     """ParquetWriter settings: zstd-1, page checksums, dictionaries for strings but ``key``, stats on
     flat columns, 64 KiB data pages and the page index (a row selection reads only the pages that hold
-    it: pages then also start at row boundaries)."""
+    it: pages then also start at row boundaries). ``_lb_hash`` is written uncompressed and PLAIN: its
+    digests do not compress, and so a get reads each row's digest bytes at a computed offset
+    (``lake/rowpages.py``) instead of a whole page per row."""
     dict_cols = [f.name for f in schema if (pa.types.is_string(f.type) or pa.types.is_large_string(f.type)) and f.name != "key"]
     stats_cols = [f.name for f in schema if not pa.types.is_nested(f.type) and f.name != HASH_COLUMN]
-    return {
-        "compression": "zstd",
-        "compression_level": 1,
+    compression: str | dict[str, str] = "zstd"
+    level: int | dict[str, int] = 1
+    encoding: dict[str, str] | None = None
+    if HASH_COLUMN in schema.names:
+        paths = _leaf_paths(schema)
+        compression = {p: ("none" if p == HASH_COLUMN else "zstd") for p in paths}
+        level = {p: 1 for p in paths if p != HASH_COLUMN}
+        encoding = {HASH_COLUMN: "PLAIN"}
+    opts = {
+        "compression": compression,
+        "compression_level": level,
         "use_dictionary": dict_cols or False,
         "write_statistics": stats_cols or False,
         "write_page_checksum": True,
@@ -65,6 +85,9 @@ def parquet_options(schema: pa.Schema) -> dict:
         "data_page_size": DATA_PAGE_BYTES,
         "write_page_index": True,
     }
+    if encoding:
+        opts["column_encoding"] = encoding
+    return opts
 
 
 def by_key(table: pa.Table) -> pa.Table:
