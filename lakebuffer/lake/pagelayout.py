@@ -27,13 +27,29 @@ class Chunk:
     """One column chunk: where its pages are (its offset index, parsed on first use: a get reads a few
     of a file's columns) and how they are compressed."""
 
-    __slots__ = ("codec", "dictionary", "_index", "_pages")
+    __slots__ = ("codec", "dictionary", "_index", "_pages", "_values")
 
     def __init__(self, codec: str | None, dictionary: tuple[int, int] | None, index: bytes) -> None:
         self.codec = codec
         self.dictionary = dictionary  # the byte range of its dictionary page (strings only)
         self._index = index
         self._pages: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._values: np.ndarray | bool | None = None
+
+    def plain_value_starts(self, rows: int, width: int, max_header: int) -> np.ndarray | None:
+        """Where each page's values start, for an uncompressed chunk of required ``width``-byte values
+        in ``rows`` rows (a page is its header, then its rows x ``width`` bytes); None when a page's
+        header would be empty or longer than ``max_header`` (the pages are not laid out so)."""
+        got = self._values
+        if got is None:
+            got = False
+            if self.codec is None and self.dictionary is None:
+                first_rows, offsets, sizes = self.pages()
+                header = sizes - np.diff(np.append(first_rows, rows)) * width
+                if len(header) and (header > 0).all() and (header <= max_header).all():
+                    got = offsets + header
+            self._values = got  # (False: not laid out so; asked once)
+        return None if got is False else got
 
     def pages(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(first row within the row group, offset, size) of each page."""

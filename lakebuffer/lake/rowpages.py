@@ -162,14 +162,11 @@ def _direct_starts(lay: Layout, groups: list[int]) -> dict[int, np.ndarray] | No
     out = {}
     for g in groups:
         ch = lay.chunks[g].get(HASH_COLUMN)
-        if ch is None or ch.codec is not None or ch.dictionary is not None:
+        starts = None if ch is None else ch.plain_value_starts(
+            int(lay.row_starts[g + 1] - lay.row_starts[g]), leaf.width, MAX_HEADER)
+        if starts is None:
             return None
-        first_rows, offsets, sizes = ch.pages()
-        rows = np.diff(np.append(first_rows, lay.row_starts[g + 1] - lay.row_starts[g]))
-        header = sizes - rows * leaf.width
-        if len(header) == 0 or (header <= 0).any() or (header > MAX_HEADER).any():
-            return None
-        out[g] = offsets + header
+        out[g] = starts
     return out
 
 
