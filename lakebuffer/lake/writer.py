@@ -45,8 +45,10 @@ from .rows import floor_buckets
 MAX_OPEN_BUCKETS = 8  # buckets with an open file per writer; the least recently written is closed first
 MAX_STAT_CHARS = 64  # longer strings get no min/max in the Delta stats (optional per column)
 #: Parquet data page size: a random cold read decodes about one page per asked column (BENCHMARKS.md,
-#: "#23 cold get"); 64 KiB pages cost +0.x% bytes against 1 MiB ones
-DATA_PAGE_BYTES = 64 * 1024
+#: "#23 cold get"). 32 KiB since the digests are read row by row (``benchmarks/page_size.py``, same rows,
+#: one run: a 256-row take from disk 42.6 vs 51.2 ms at 64 KiB; DuckDB's payload scan +6.2% CPU over
+#: the pre-#23 1 MiB pages (64 KiB: +2.6%), files +2.0% (64 KiB: +1.5%)); 16 KiB scanned +13%
+DATA_PAGE_BYTES = 32 * 1024
 
 
 def _leaf_paths(schema: pa.Schema) -> list[str]:
@@ -61,7 +63,7 @@ def _leaf_paths(schema: pa.Schema) -> list[str]:
 
 def parquet_options(schema: pa.Schema) -> dict:
     """ParquetWriter settings: zstd-1, page checksums, dictionaries for strings but ``key``, stats on
-    flat columns, 64 KiB data pages and the page index (a row selection reads only the pages that hold
+    flat columns, 32 KiB data pages and the page index (a row selection reads only the pages that hold
     it: pages then also start at row boundaries). ``_lb_hash`` is written uncompressed and PLAIN: its
     digests do not compress, and so a get reads each row's digest bytes at a computed offset
     (``lake/rowpages.py``) instead of a whole page per row."""

@@ -6,7 +6,7 @@ the Delta log) and the row inside it (``KeyIndex.set_cold``). A ``Location`` her
 in file); file numbers are this process's, handed out by ``number``.
 
 ``take_checked`` (every ``get``) reads a file written since #23 by key through ``lake/pages.PageReader``:
-DataFusion with ``key IN (...)`` pushed into the Parquet scan reads only the pages (64 KiB) that hold
+DataFusion with ``key IN (...)`` pushed into the Parquet scan reads only the pages (32 KiB) that hold
 the asked rows, of the asked columns, by ranged reads (local or S3), all files of a call in one plan;
 every returned row is checked against its digests (``_lb_hash``, ``lake/rowhash.py``), so the cost of
 verification follows the bytes read and the whole-file sha256 is never paid here. A file without
