@@ -202,14 +202,16 @@ def page_of(ph: Any, body: np.ndarray, leaf: Leaf, dictionary: pa.Array | None =
     assert row_at is not None
     first = int(leaf.field_optional) + 1  # the level from which an entry is an item (null or not)
     valid = dl[row_at] >= 1 if leaf.field_optional and dl is not None else None
-    if nval == count:  # every entry an item with a value (no null or empty list, no null item)
-        lengths = np.diff(row_at, append=count)
-        item_present = None
-    else:
-        assert dl is not None
-        is_item = dl >= first
-        lengths = np.add.reduceat(is_item.astype(np.int64), row_at) if len(row_at) else np.zeros(0, np.int64)
-        item_present = present[is_item] if leaf.element_optional else None
+    if nval == count:  # every entry an item with a value (no null or empty list, no null item):
+        start = row_at  # a row's items are its entries
+        end = np.empty_like(row_at)
+        end[:-1] = row_at[1:]
+        end[-1:] = count
+        return Page(vals, start, end, valid, None)
+    assert dl is not None
+    is_item = dl >= first
+    lengths = np.add.reduceat(is_item.astype(np.int64), row_at) if len(row_at) else np.zeros(0, np.int64)
+    item_present = present[is_item] if leaf.element_optional else None
     end = np.cumsum(lengths)
     start = end - lengths
     if item_present is not None and not item_present.all():
