@@ -125,7 +125,19 @@ def page_body(raw: bytes | memoryview, codec: str | None) -> tuple[Any, np.ndarr
         raise Unreadable("page fails its CRC")
     if codec is None:
         return ph, comp
-    return ph, np.frombuffer(pa.Codec(codec).decompress(comp, decompressed_size=ph.uncompressed_page_size), np.uint8)
+    return ph, np.frombuffer(_codec(codec).decompress(comp, decompressed_size=ph.uncompressed_page_size), np.uint8)
+
+
+_CODECS: dict[str, pa.Codec] = {}
+
+
+def _codec(name: str) -> pa.Codec:
+    """One Arrow codec per name, shared (its one-shot ``Decompress`` keeps no state between calls): a
+    new one per page cost a construction and a context allocation under the GIL."""
+    got = _CODECS.get(name)
+    if got is None:
+        got = _CODECS.setdefault(name, pa.Codec(name))
+    return got
 
 
 def _byte_arrays(data: np.ndarray, n: int) -> pa.Array:

@@ -170,31 +170,42 @@ def _direct_starts(lay: Layout, groups: list[int]) -> dict[int, np.ndarray] | No
     return out
 
 
-def _bodies(jobs: list[tuple[int, int, memoryview]], plans: list) -> dict[int, dict]:
-    """``page_body`` of every (item, page number, raw bytes), split over ``BODY_THREADS`` threads:
+def _bodies(jobs: list[tuple[int, int, memoryview]], plans: list, threads: int = 0) -> dict[int, dict]:
+    """``page_body`` of every (item, page number, raw bytes), split over ``threads`` threads (default
+    ``BODY_THREADS``) by bytes (the digest spans, ``RAW``, are passed through here):
     {item: {page number: (header, body) or Unreadable}}."""
     from .runtime import native_call
 
     out: dict[int, dict] = {i: {} for i, _n, _r in jobs}
+    pages = []
+    for i, n, raw in jobs:
+        if plans[i].codecs[n] == RAW:
+            out[i][n] = (None, raw)
+        else:
+            pages.append((i, n, raw))
 
     def run(part: list[tuple[int, int, memoryview]]) -> None:
         with native_call("decompressing lake pages"):
             for i, n, raw in part:
-                codec = plans[i].codecs[n]
-                if codec == RAW:
-                    out[i][n] = (None, raw)
-                    continue
                 try:
-                    out[i][n] = page_body(raw, codec)
+                    out[i][n] = page_body(raw, plans[i].codecs[n])
                 except Unreadable as e:
                     out[i][n] = e
                 except Exception as e:  # noqa: BLE001 - a header or body that does not decode
                     out[i][n] = Unreadable(f"{type(e).__name__}: {e}")
 
-    if len(jobs) < 8 or BODY_THREADS < 2:
-        run(jobs)
+    threads = threads or BODY_THREADS
+    if len(pages) < 8 or threads < 2:
+        run(pages)
         return out
-    parts = [jobs[k::BODY_THREADS] for k in range(BODY_THREADS)]
+    # largest first, each to the least loaded thread (split by position, one thread got most of the
+    # big pages when items alternated page and digest)
+    parts: list[list[tuple[int, int, memoryview]]] = [[] for _ in range(threads)]
+    loads = [0] * threads
+    for job in sorted(pages, key=lambda j: -len(j[2])):
+        k = loads.index(min(loads))
+        parts[k].append(job)
+        loads[k] += len(job[2])
     workers = [threading.Thread(target=run, args=(p,), name="lakebuffer-pages", daemon=True) for p in parts[1:]]
     for w in workers:
         w.start()
