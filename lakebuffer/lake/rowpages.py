@@ -456,15 +456,17 @@ class RowPages:
         cols = [c for c in dict.fromkeys(["key", *columns]) if c == "key" or c in lay.names]
         read = [c for c in cols if c != "key"] + [HASH_COLUMN]
         rows = np.asarray(rows, np.int64)
-        if len(rows) and (rows.min() < 0 or rows.max() >= lay.row_starts[-1]):
+        listed = rows.tolist()  # (a file holds a few of a get's rows: Python's min/max cost less here)
+        if listed and (min(listed) < 0 or max(listed) >= lay.row_starts[-1]):
             raise Unreadable("row beyond the file")
-        rg = np.searchsorted(lay.row_starts, rows, side="right") - 1
+        rg = lay.row_starts.searchsorted(rows, "right") - 1
         in_rg = rows - lay.row_starts[rg]
         plan = _Plan(lay, cols, read)
-        groups = np.unique(rg).tolist()
+        groups = sorted(set(rg.tolist()))
         direct = _direct_starts(lay, groups)
         plan.direct = direct is not None
         # which page of each column holds each row; one read per distinct page (adjacent ones merged)
+        wanted, codecs = plan.wanted, plan.codecs
         for c in read:
             page_ids = np.empty(len(rows), np.int64)
             local = np.empty(len(rows), np.int64)
@@ -472,20 +474,30 @@ class RowPages:
                 ch = lay.chunks[g].get(c)
                 if ch is None:
                     raise Unreadable(f"column {c} is not decoded here")
-                sel = rg == g
+                sel = slice(None) if len(groups) == 1 else rg == g
+                at_rows = in_rg[sel]
                 first_rows, offsets, sizes = ch.pages()
-                p = np.searchsorted(first_rows, in_rg[sel], side="right") - 1
+                p = first_rows.searchsorted(at_rows, "right") - 1
                 if c == HASH_COLUMN and direct is not None:  # each row's digest bytes alone
                     width = lay.leaves[c].width
-                    at = direct[g][p] + (in_rg[sel] - first_rows[p]) * width
-                    page_ids[sel] = [plan.page((a, width), RAW, None) for a in at.tolist()]
+                    ids = []
+                    for a in (direct[g][p] + (at_rows - first_rows[p]) * width).tolist():
+                        n = wanted.setdefault((a, width), len(wanted))
+                        codecs[n] = RAW
+                        ids.append(n)
+                    page_ids[sel] = ids
                     local[sel] = 0
                     continue
-                ids = np.empty(len(p), np.int64)
-                for j, (off, size) in enumerate(zip(offsets[p].tolist(), sizes[p].tolist())):
-                    ids[j] = plan.page((off, size), ch.codec, ch.dictionary)
+                if ch.dictionary is None:
+                    ids = []
+                    for span in zip(offsets[p].tolist(), sizes[p].tolist()):
+                        n = wanted.setdefault(span, len(wanted))
+                        codecs[n] = ch.codec
+                        ids.append(n)
+                else:
+                    ids = [plan.page(span, ch.codec, ch.dictionary) for span in zip(offsets[p].tolist(), sizes[p].tolist())]
                 page_ids[sel] = ids
-                local[sel] = in_rg[sel] - first_rows[p]
+                local[sel] = at_rows - first_rows[p]
             plan.rows[c] = (page_ids, local)
         return plan
 
