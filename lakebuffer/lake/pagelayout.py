@@ -129,8 +129,30 @@ def _leaves(fmd: Any, schema: pa.Schema) -> dict[str, Leaf]:
     return out
 
 
+#: (Arrow schema, leaves) of the file schemas seen, by their footer form: a run's files share one
+#: schema, and deriving the leaves cost a third of a layout's parse
+_SCHEMAS: dict[tuple, tuple[pa.Schema, dict[str, Leaf]]] = {}
+_SCHEMAS_KEPT = 64
+
+
+def _schema_and_leaves(fmd: Any) -> tuple[pa.Schema, dict[str, Leaf]]:
+    raw = fmd.contents
+    arrow = next((kv.get(2) for kv in raw.get(5) or [] if kv.get(1) in (b"ARROW:schema", "ARROW:schema")), None)
+    key = (arrow, tuple((e.get(4), e.get(1), e.get(2), e.get(3), e.get(5)) for e in raw.get(2) or []))
+    got = _SCHEMAS.get(key)
+    if got is None:
+        schema = _arrow_schema(fmd)
+        got = (schema, _leaves(fmd, schema))
+        if len(_SCHEMAS) >= _SCHEMAS_KEPT:
+            _SCHEMAS.clear()
+        _SCHEMAS[key] = got
+    return got
+
+
 def parse_layout(tail: bytes, size: int, read: Any) -> Layout:
-    """A file's ``Layout`` from its last bytes (``tail``), reading more with ``read(start, end)``."""
+    """A file's ``Layout`` from its last bytes (``tail``), reading more with ``read(start, end)``.
+    The footer is walked as Thrift field dicts (``contents``: ids from parquet.thrift), ~2x faster
+    than attribute access for the ~30 column chunks of a lake file."""
     if len(tail) < 8 or tail[-4:] != b"PAR1":
         raise Unreadable("not a Parquet file")
     flen = struct.unpack("<i", tail[-8:-4])[0]
@@ -139,40 +161,47 @@ def parse_layout(tail: bytes, size: int, read: Any) -> Layout:
     if flen + 8 > len(tail):
         tail = read(size - flen - 8, size)
     fmd = thrift(tail[len(tail) - 8 - flen:len(tail) - 8], "FileMetaData")
-    schema = _arrow_schema(fmd)
-    leaves = _leaves(fmd, schema)
+    schema, leaves = _schema_and_leaves(fmd)
     names = [n for n in schema.names if n != HASH_COLUMN]
+    groups = fmd.contents.get(4) or []  # FileMetaData.row_groups
     starts = [0]
     index_from = size
-    for rg in fmd.row_groups:
-        starts.append(starts[-1] + rg.num_rows)
-        for c in rg.columns:
-            if c.offset_index_offset is not None:
-                index_from = min(index_from, c.offset_index_offset)
+    for rg in groups:
+        starts.append(starts[-1] + rg[3])  # RowGroup.num_rows
+        for c in rg[1]:  # RowGroup.columns
+            at = c.get(4)  # ColumnChunk.offset_index_offset
+            if at is not None and at < index_from:
+                index_from = at
     base = size - len(tail)
     if index_from < base:
         tail, base = read(index_from, size), index_from
     chunks: list[dict[str, Chunk]] = []
     nbytes = 0
-    for rg in fmd.row_groups:
+    for rg in groups:
         got: dict[str, Chunk] = {}
-        for c in rg.columns:
-            md = c.meta_data
-            name = md.path_in_schema[0]
-            name = name.decode() if isinstance(name, bytes) else name
-            if name not in leaves or c.offset_index_offset is None or md.codec not in CODECS:
+        for c in rg[1]:
+            md = c.get(3)  # ColumnChunk.meta_data
+            at = c.get(4)
+            if md is None or at is None:
                 continue
-            strings = leaves[name].physical == BYTE_ARRAY
-            if any(e not in (PLAIN, RLE, 4, *(DICT_ENCODINGS if strings else ())) for e in md.encodings):
+            name = md[3][0]  # ColumnMetaData.path_in_schema
+            name = name.decode() if isinstance(name, bytes) else name
+            leaf = leaves.get(name)
+            codec = md[4]
+            if leaf is None or codec not in CODECS:
+                continue
+            strings = leaf.physical == BYTE_ARRAY
+            if any(e not in (PLAIN, RLE, 4, *(DICT_ENCODINGS if strings else ())) for e in md[2]):
                 continue  # encodings not decoded here: the older way
             dictionary = None
-            if md.dictionary_page_offset is not None:
-                if not strings or not 0 < md.dictionary_page_offset < md.data_page_offset:
+            dict_at, data_at = md.get(11), md[9]  # dictionary_page_offset, data_page_offset
+            if dict_at is not None:
+                if not strings or not 0 < dict_at < data_at:
                     continue
-                dictionary = (int(md.dictionary_page_offset), int(md.data_page_offset))
-            at = c.offset_index_offset - base
-            index = bytes(tail[at:at + c.offset_index_length])
-            got[name] = Chunk(CODECS[md.codec], dictionary, index)
+                dictionary = (int(dict_at), int(data_at))
+            at -= base
+            index = bytes(tail[at:at + c[5]])  # ColumnChunk.offset_index_length
+            got[name] = Chunk(CODECS[codec], dictionary, index)
             # the bytes (~13 a page), the arrays parsed from them on use (16 a page), the objects
             nbytes += INDEX_BYTES_FACTOR * len(index) + 300
         chunks.append(got)
