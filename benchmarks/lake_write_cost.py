@@ -1,7 +1,7 @@
 """Issue 23: what the new lake file layout costs the writer (a snapshot's CPU) and scans, A/B in one process.
 
 The same ``--mb`` of generated rollouts, in ~32 MiB row groups, written ``--rounds`` times each way:
-``old`` (before #23), ``pages64k`` (64 KiB data pages), ``pages64k+index`` (+ page index), ``new``
+``old`` (before #23), ``pagesNk`` (the writer's data pages), ``pagesNk+index`` (+ page index), ``new``
 (+ the ``_lb_hash`` digest column, what ``lake/writer.py`` writes now); and the digests alone. Then
 DuckDB scans of the ``old`` and ``new`` files (a pyarrow dataset with the rows' schema, as the lake
 views register it), alternating which goes first, ``--scans`` times each. All figures are CPU time of
@@ -47,10 +47,11 @@ def main() -> None:
     hs = rowhash.schema_with_hash(schema)
     base = parquet_options(schema)
     old = {k: v for k, v in base.items() if k not in ("data_page_size", "write_page_index")}
+    kb = base["data_page_size"] // 1024
     ways = {
         "old": (old, schema, lambda g: g),
-        "pages64k": ({**old, "data_page_size": 64 * 1024}, schema, lambda g: g),
-        "pages64k+index": (base, schema, lambda g: g),
+        f"pages{kb}k": ({**old, "data_page_size": base["data_page_size"]}, schema, lambda g: g),
+        f"pages{kb}k+index": (base, schema, lambda g: g),
         "new": (parquet_options(hs), hs, lambda g: g.append_column(hs.field(rowhash.HASH_COLUMN), rowhash.hash_column(g, schema.names))),
     }
     times: dict[str, list[float]] = {k: [] for k in [*ways, "digests only"]}
