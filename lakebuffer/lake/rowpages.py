@@ -40,6 +40,8 @@ from .rowhash import HASH_COLUMN, mismatches
 
 #: two page ranges of one file this close are read as one (a gap costs less than a request)
 MERGE_GAP = 16 * 1024
+#: ... on an object store, where a request costs what ~1 MiB of transfer does (object_store's default)
+OBJECT_MERGE_GAP = 1 << 20
 LAYOUT_THREADS = 8  # files whose footers are read at once
 #: compressed page bytes one part of a take reads and decompresses at once (RAM: ~3x this while it runs)
 PART_BYTES = 16 << 20
@@ -505,8 +507,9 @@ class RowPages:
         """The raw bytes of the plan's pages, in page-number order (adjacent ranges read as one);
         ``cached_only``: ``WouldBlock`` unless the page cache holds them all."""
         merged: list[list[int]] = []
+        gap = MERGE_GAP if self.store.native_local else OBJECT_MERGE_GAP
         for off, size in sorted(plan.wanted):
-            if merged and off <= merged[-1][1] + MERGE_GAP:
+            if merged and off <= merged[-1][1] + gap:
                 merged[-1][1] = max(merged[-1][1], off + size)
             else:
                 merged.append([off, off + size])
