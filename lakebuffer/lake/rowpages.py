@@ -42,6 +42,9 @@ from .rowhash import HASH_COLUMN, mismatches
 MERGE_GAP = 16 * 1024
 #: ... on an object store, where a request costs what ~1 MiB of transfer does (object_store's default)
 OBJECT_MERGE_GAP = 1 << 20
+#: open object-store files kept by path (pyarrow's open is a HEAD request; lake files never change
+#: under their name, which holds their sha256): the least recently used are dropped first
+OBJECT_HANDLES = 256
 LAYOUT_THREADS = 8  # files whose footers are read at once
 #: compressed page bytes one part of a take reads and decompresses at once (RAM: ~3x this while it runs)
 PART_BYTES = 16 << 20
@@ -225,6 +228,7 @@ class RowPages:
         self.cache_bytes = int(cache_bytes)
         self._lock = threading.Lock()
         self._layouts: OrderedDict[str, Layout] = OrderedDict()
+        self._handles: OrderedDict[str, Any] = OrderedDict()  # object store: path -> open input file
         self._held = 0
         #: rows this reader returned, and files' reads it left to the caller (it could not verify them)
         self.counts = {"rows": 0, "left": 0}
@@ -255,13 +259,29 @@ class RowPages:
 
         out = []
         with native_call("reading lake pages"):
-            with self.store.pafs.open_input_file(path) as f:  # (a HEAD request: pyarrow takes no known size)
-                for a, b in ranges:
-                    got = f.read_at(b - a, a)
-                    if len(got) != b - a:
-                        raise Unreadable("file shorter than its footer says")
-                    out.append(got)
+            f = self._object_file(path)
+            for a, b in ranges:
+                got = f.read_at(b - a, a)
+                if len(got) != b - a:
+                    raise Unreadable("file shorter than its footer says")
+                out.append(got)
         return out
+
+    def _object_file(self, path: str) -> Any:
+        """An open object-store file, kept (``OBJECT_HANDLES``): each open costs a HEAD request.
+        ``read_at`` is positional, so threads share one; a dropped one closes when its last reader ends."""
+        with self._lock:
+            f = self._handles.get(path)
+            if f is not None:
+                self._handles.move_to_end(path)
+                return f
+        f = self.store.pafs.open_input_file(path)
+        if OBJECT_HANDLES:
+            with self._lock:
+                self._handles[path] = f
+                while len(self._handles) > OBJECT_HANDLES:
+                    self._handles.popitem(last=False)
+        return f
 
     def layout(self, entry: dict) -> Layout:
         """The file's layout (read once, kept within ``cache_bytes``); ``Unreadable`` if it cannot be."""
@@ -299,6 +319,7 @@ class RowPages:
 
     def forget(self, rel: str) -> None:
         with self._lock:
+            self._handles.pop(self.store.abs(rel), None)
             old = self._layouts.pop(rel, None)
             if old is not None:
                 self._held -= old.nbytes
