@@ -121,19 +121,21 @@ def _cold_locations(s: BufferState, batch: np.ndarray, pos: np.ndarray) -> Locat
     part = np.empty(len(batch), np.int64)
     row = np.empty(len(batch), np.int64)
     uniq, inv = np.unique(batch, return_inverse=True)
+    order = np.argsort(inv, kind="stable")  # the asked rows of each batch: order[bounds[i]:bounds[i + 1]]
+    bounds = np.searchsorted(inv[order], np.arange(len(uniq) + 1)).tolist()
     numbers: dict[str, int] = {}
     for i, (b, locs) in enumerate(zip(uniq.tolist(), s.index.cold_locations_many(uniq.tolist()))):
         if locs is None:
             raise CorruptionError(f"cold batch {b}: its lake locations are missing from the key index; "
                                   f"run `lakebuffer fsck --repair {s.path}`")
-        files, file_idx, rows = locs
+        files, file_idx, rows = locs  # (read-only views of the record)
         for e in files:
             if e["path"] not in numbers:
                 numbers[e["path"]] = s.cold.number(e)
-        nums = np.array([numbers[e["path"]] for e in files], np.int64)
-        sel = np.flatnonzero(inv == i)
-        part[sel] = nums[file_idx[pos[sel]]]
-        row[sel] = rows[pos[sel]]
+        sel = order[bounds[i]:bounds[i + 1]]
+        at = pos[sel]
+        part[sel] = [numbers[files[f]["path"]] for f in file_idx[at].tolist()]
+        row[sel] = rows[at]
     return Location(part, row)
 
 
