@@ -13,7 +13,9 @@ content digest (``_lb_hash``, ``lake/rowhash.py``) against the asked key and eve
 row is returned only when both hold. Where the file stores ``_lb_hash`` uncompressed and PLAIN (the
 writer does, ``parquet_options``), a row's digest bytes are read alone, at the offset the offset index
 gives (a page's values are its last bytes), not its page: the digests are what is checked, so a
-damaged one fails its row as a damaged page would, and nothing returned goes unverified. It does not diagnose: a file it cannot read or decode, a page
+damaged one fails its row as a damaged page would, and nothing returned goes unverified.
+
+It does not diagnose: a file it cannot read or decode, a page
 that fails its CRC, a row that fails its digest, and column chunks it does not decode (dictionary
 pages, nesting deeper than one list level, data pages v2, strings) make the caller read that file the
 older way (``PageReader``'s DataFusion query), which reports exactly what is wrong.
@@ -90,6 +92,17 @@ class _Plan:
         self.dict_of: dict[int, int] = {}  # page number -> the page number of its chunk's dictionary
         self.rows: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # column -> (page of each row, row in it)
         self.direct = False  # each row's ``_lb_hash`` is read as its own bytes (``RAW`` spans)
+
+    def numbers(self, spans: Any, codec: str | None) -> list[int]:
+        """The page number of each (offset, size) span, new ones numbered in order (pages without a
+        dictionary, and ``RAW`` digest spans: one call per column and row group)."""
+        wanted, codecs = self.wanted, self.codecs
+        out = []
+        for span in spans:
+            n = wanted.setdefault(span, len(wanted))
+            codecs[n] = codec
+            out.append(n)
+        return out
 
     def page(self, span: tuple[int, int], codec: str | None, dictionary: tuple[int, int] | None) -> int:
         n = self.wanted.setdefault(span, len(self.wanted))
@@ -175,9 +188,9 @@ def _direct_starts(lay: Layout, groups: list[int]) -> dict[int, np.ndarray] | No
     return out
 
 
-def _bodies(jobs: list[tuple[int, int, memoryview]], plans: list, threads: int = 0) -> dict[int, dict]:
-    """``page_body`` of every (item, page number, raw bytes), split over ``threads`` threads (default
-    ``BODY_THREADS``) by bytes (the digest spans, ``RAW``, are passed through here):
+def _bodies(jobs: list[tuple[int, int, memoryview]], plans: list) -> dict[int, dict]:
+    """``page_body`` of every (item, page number, raw bytes), split over ``BODY_THREADS`` threads by
+    bytes (the digest spans, ``RAW``, are passed through here):
     {item: {page number: (header, body) or Unreadable}}."""
     from .runtime import native_call
 
@@ -199,7 +212,7 @@ def _bodies(jobs: list[tuple[int, int, memoryview]], plans: list, threads: int =
                 except Exception as e:  # noqa: BLE001 - a header or body that does not decode
                     out[i][n] = Unreadable(f"{type(e).__name__}: {e}")
 
-    threads = threads or BODY_THREADS
+    threads = BODY_THREADS
     if len(pages) < 8 or threads < 2:
         run(pages)
         return out
@@ -489,7 +502,6 @@ class RowPages:
         direct = _direct_starts(lay, groups)
         plan.direct = direct is not None
         # which page of each column holds each row; one read per distinct page (adjacent ones merged)
-        wanted, codecs = plan.wanted, plan.codecs
         for c in read:
             page_ids = np.empty(len(rows), np.int64)
             local = np.empty(len(rows), np.int64)
@@ -503,20 +515,12 @@ class RowPages:
                 p = first_rows.searchsorted(at_rows, "right") - 1
                 if c == HASH_COLUMN and direct is not None:  # each row's digest bytes alone
                     width = lay.leaves[c].width
-                    ids = []
-                    for a in (direct[g][p] + (at_rows - first_rows[p]) * width).tolist():
-                        n = wanted.setdefault((a, width), len(wanted))
-                        codecs[n] = RAW
-                        ids.append(n)
-                    page_ids[sel] = ids
+                    at = (direct[g][p] + (at_rows - first_rows[p]) * width).tolist()
+                    page_ids[sel] = plan.numbers([(a, width) for a in at], RAW)
                     local[sel] = 0
                     continue
                 if ch.dictionary is None:
-                    ids = []
-                    for span in zip(offsets[p].tolist(), sizes[p].tolist()):
-                        n = wanted.setdefault(span, len(wanted))
-                        codecs[n] = ch.codec
-                        ids.append(n)
+                    ids = plan.numbers(zip(offsets[p].tolist(), sizes[p].tolist()), ch.codec)
                 else:
                     ids = [plan.page(span, ch.codec, ch.dictionary) for span in zip(offsets[p].tolist(), sizes[p].tolist())]
                 page_ids[sel] = ids
