@@ -11,12 +11,12 @@ Anything else raises ``Unreadable`` and the caller reads the file the older way.
 from __future__ import annotations
 
 import warnings
-import zlib
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from isal.isal_zlib import crc32
 
 CODECS = {0: None, 1: "snappy", 2: "gzip", 4: "brotli", 6: "zstd"}
 PLAIN, RLE = 0, 3
@@ -109,9 +109,10 @@ class Page:
     item_valid: np.ndarray | None
 
 
-def page_body(raw: bytes | memoryview, codec: str | None) -> tuple[Any, np.ndarray]:
-    """(page header, uncompressed body) of one page, its CRC checked first (so damaged bytes never
-    reach a decoder)."""
+def page_header(raw: bytes | memoryview) -> tuple[Any, np.ndarray]:
+    """(page header, compressed body) of one page, its CRC checked (so damaged bytes never reach a
+    decoder). ISA-L's CRC-32 (the one Parquet uses, as zlib's): ~19x zlib's speed on these pages
+    (``benchmarks/page_bodies.py``)."""
     from fastparquet.cencoding import NumpyIO, ThriftObject
 
     buf = np.frombuffer(raw, np.uint8)
@@ -121,11 +122,22 @@ def page_body(raw: bytes | memoryview, codec: str | None) -> tuple[Any, np.ndarr
     comp = buf[head:head + ph.compressed_page_size]
     if len(comp) != ph.compressed_page_size:
         raise Unreadable("page cut short")
-    if ph.crc is None or (zlib.crc32(comp) & 0xFFFFFFFF) != (ph.crc & 0xFFFFFFFF):
+    if ph.crc is None or (crc32(comp) & 0xFFFFFFFF) != (ph.crc & 0xFFFFFFFF):
         raise Unreadable("page fails its CRC")
+    return ph, comp
+
+
+def decompress(ph: Any, comp: np.ndarray, codec: str | None) -> np.ndarray:
+    """The uncompressed body of a page whose header is ``ph`` (native work, without the GIL)."""
     if codec is None:
-        return ph, comp
-    return ph, np.frombuffer(_codec(codec).decompress(comp, decompressed_size=ph.uncompressed_page_size), np.uint8)
+        return comp
+    return np.frombuffer(_codec(codec).decompress(comp, decompressed_size=ph.uncompressed_page_size), np.uint8)
+
+
+def page_body(raw: bytes | memoryview, codec: str | None) -> tuple[Any, np.ndarray]:
+    """(page header, uncompressed body) of one page, its CRC checked first."""
+    ph, comp = page_header(raw)
+    return ph, decompress(ph, comp, codec)
 
 
 _CODECS: dict[str, pa.Codec] = {}

@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from .fs import LakeFS
-from .pagedecode import Unreadable, assemble, dictionary_of, page_body, page_of
+from .pagedecode import Unreadable, assemble, decompress, dictionary_of, page_header, page_of
 from .pagelayout import TAIL_BYTES, Layout, parse_layout
 from .prefetch import prefetch
 from .rowhash import HASH_COLUMN, mismatches
@@ -189,41 +189,52 @@ def _direct_starts(lay: Layout, groups: list[int]) -> dict[int, np.ndarray] | No
 
 
 def _bodies(jobs: list[tuple[int, int, memoryview]], plans: list) -> dict[int, dict]:
-    """``page_body`` of every (item, page number, raw bytes), split over ``BODY_THREADS`` threads by
-    bytes (the digest spans, ``RAW``, are passed through here):
-    {item: {page number: (header, body) or Unreadable}}."""
+    """``page_body`` of every (item, page number, raw bytes): {item: {page number: (header, body) or
+    Unreadable}}. Headers and CRCs in this thread, then the compressed bodies decompressed on
+    ``BODY_THREADS`` threads split by bytes, with nothing but the native call in their loop (a page's
+    Python under the GIL between two threads' native calls cost more than it did alone:
+    ``benchmarks/page_bodies.py``, 0.71x the time). The digest spans, ``RAW``, are passed through."""
     from .runtime import native_call
 
     out: dict[int, dict] = {i: {} for i, _n, _r in jobs}
-    pages = []
+    packed = []
     for i, n, raw in jobs:
-        if plans[i].codecs[n] == RAW:
+        codec = plans[i].codecs[n]
+        if codec == RAW:
             out[i][n] = (None, raw)
+            continue
+        try:
+            ph, comp = page_header(raw)
+        except Unreadable as e:
+            out[i][n] = e
+            continue
+        except Exception as e:  # noqa: BLE001 - a header that does not decode
+            out[i][n] = Unreadable(f"{type(e).__name__}: {e}")
+            continue
+        if codec is None:
+            out[i][n] = (ph, comp)
         else:
-            pages.append((i, n, raw))
+            packed.append((i, n, ph, comp, codec))
 
-    def run(part: list[tuple[int, int, memoryview]]) -> None:
+    def run(part: list[tuple[int, int, Any, np.ndarray, str]]) -> None:
         with native_call("decompressing lake pages"):
-            for i, n, raw in part:
+            for i, n, ph, comp, codec in part:
                 try:
-                    out[i][n] = page_body(raw, plans[i].codecs[n])
-                except Unreadable as e:
-                    out[i][n] = e
-                except Exception as e:  # noqa: BLE001 - a header or body that does not decode
+                    out[i][n] = (ph, decompress(ph, comp, codec))
+                except Exception as e:  # noqa: BLE001 - a body that does not decompress
                     out[i][n] = Unreadable(f"{type(e).__name__}: {e}")
 
     threads = BODY_THREADS
-    if len(pages) < 8 or threads < 2:
-        run(pages)
+    if len(packed) < 8 or threads < 2:
+        run(packed)
         return out
-    # largest first, each to the least loaded thread (split by position, one thread got most of the
-    # big pages when items alternated page and digest)
-    parts: list[list[tuple[int, int, memoryview]]] = [[] for _ in range(threads)]
+    # largest first, each to the least loaded thread
+    parts: list[list[tuple[int, int, Any, np.ndarray, str]]] = [[] for _ in range(threads)]
     loads = [0] * threads
-    for job in sorted(pages, key=lambda j: -len(j[2])):
+    for job in sorted(packed, key=lambda j: -len(j[3])):
         k = loads.index(min(loads))
         parts[k].append(job)
-        loads[k] += len(job[2])
+        loads[k] += len(job[3])
     workers = [threading.Thread(target=run, args=(p,), name="lakebuffer-pages", daemon=True) for p in parts[1:]]
     for w in workers:
         w.start()
