@@ -1,6 +1,7 @@
 """Issue 23: A/B of one switch of the cold get path (a module constant), on the same buffer, in one
 process, the two values alternated per call (ABBA), fresh cold keys each call, ``--evict-cache``: the
-lake's pages dropped before every call (from disk) or not (page cache). Uses a buffer built by
+lake's pages (and before a sample the buffer's warm files') dropped before every call (from disk)
+or not (page cache). Uses a buffer built by
 ``cold_scale.py``. Prints p50 / mean of ``get(256 cold keys, ["response_ids"])`` and of
 ``sample(256, where) + get`` for each value.
 
@@ -59,8 +60,9 @@ def main() -> None:
             got = buf.get(keys, cs.COLS)
             dt = time.perf_counter() - t0
             assert got.num_rows == len(keys)
-            if a.evict_cache:
+            if a.evict_cache:  # the lake and the buffer's own files (a sample reads warm rows too)
                 cs.evict_cache(t.lake)
+                cs.evict_cache(str(t.buf))
             t0 = time.perf_counter()
             buf.sample(a.keys, where=where, columns=["key", *cs.COLS], seed=r * 7 + len(str(v)))
             ds = time.perf_counter() - t0

@@ -18,7 +18,7 @@ from crc32c import crc32c
 
 import lakebuffer as lb
 from lakebuffer.errors import CorruptionError
-from lakebuffer.tiers import segfooter
+from lakebuffer.tiers import segfooter, vmread
 from lakebuffer.tiers.wal import WriteAheadLog
 from tests.rollouts import make_rollouts
 
@@ -171,3 +171,52 @@ def test_the_check_reads_each_chunk_once_and_refuses_ranges_outside_the_checked_
             check(np.array([200_000]), np.array([4]))
     finally:
         os.close(fd)
+
+
+def _cached(path) -> bool:
+    """Whether the first byte of each 64 KiB of the file is in the page cache (``RWF_NOWAIT``)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for at in range(0, os.fstat(fd).st_size, 64 * 1024):
+            try:
+                os.preadv(fd, [bytearray(1)], at, os.RWF_NOWAIT)
+            except BlockingIOError:
+                return False
+        return True
+    finally:
+        os.close(fd)
+
+
+def test_reads_from_disk_are_announced_at_once_and_return_the_same_rows(tmp_path, monkeypatch):
+    """A warm get whose chunks are not checked yet announces their runs before reading them, and one whose
+    ranges are not in the page cache announces every range (``POSIX_FADV_WILLNEED``: the disk serves them
+    at once); a read from the page cache announces nothing. The rows are the same either way."""
+    keys, want, frag = _warm_buffer(tmp_path)
+    advised = []
+    real = os.posix_fadvise
+
+    def fadvise(fd, off, n, advice):
+        if advice == os.POSIX_FADV_WILLNEED:
+            advised.append((off, n))
+        return real(fd, off, n, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", fadvise)
+    # rows copied by preadv, not from the file's map (pages a process has mapped stay in the page cache)
+    monkeypatch.setattr(vmread, "_usable", False)
+    rows = [5, 60, 130, 250]  # four rows in chunks apart
+    with lb.ReplayBuffer.open(tmp_path, **OPEN) as buf:
+        got = buf.get([keys[r] for r in rows], ["key", "response_ids"])
+        assert got.equals(want.take(pa.array(rows)))
+        assert len(advised) >= len(rows), advised  # the chunk runs to check, before they were read
+        fd = os.open(frag, os.O_RDONLY)
+        os.fdatasync(fd)  # (dirty pages are not dropped)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+        on_disk = not _cached(frag)
+        advised.clear()
+        got = buf.get([keys[r] for r in rows], ["key", "response_ids"])  # chunks checked: only the rows' ranges
+        assert got.equals(want.take(pa.array(rows)))
+        assert (len(advised) >= len(rows)) == on_disk, (advised, on_disk)
+        advised.clear()
+        assert buf.get([keys[r] for r in rows], ["key", "response_ids"]).equals(got)
+        assert advised == []  # from the page cache: no hint

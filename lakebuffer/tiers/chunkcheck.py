@@ -34,6 +34,10 @@ class ChunkCheck:
         self._lock = threading.Lock()
 
     def __call__(self, pos: np.ndarray, n: np.ndarray) -> None:
+        self.verify(self.pending(pos, n))
+
+    def pending(self, pos: np.ndarray, n: np.ndarray) -> list[tuple[int, int, int]]:
+        """The runs of unchecked chunks the ranges lie in: (first chunk, start byte, end byte)."""
         end = self.footer.ipc_end
         if (pos < 0).any() or (pos + n > end).any():
             raise LayoutError(f"{self.path}: a range lies outside the checked bytes")
@@ -42,10 +46,10 @@ class ChunkCheck:
         first = np.minimum(pos // size, len(good) - 1)  # (an empty range may sit at the very end)
         last = (pos + n - 1) // size
         if good[first].all() and good[np.maximum(last, first)].all() and (last - first <= 1).all():
-            return  # the usual call once a take has run: every chunk it reads already checked
+            return []  # the usual call once a take has run: every chunk it reads already checked
         keep = n > 0
         if not keep.any():
-            return
+            return []
         first, last = first[keep], last[keep]
         if (last - first).max() == 0:
             need = np.zeros(len(good), bool)
@@ -57,16 +61,33 @@ class ChunkCheck:
             need = np.cumsum(edges[:-1]) > 0
         ids = np.flatnonzero(need & ~good)
         if not len(ids):
+            return []
+        return [(int(run[0]), int(run[0]) * size, min((int(run[-1]) + 1) * size, end))
+                for run in np.split(ids, np.flatnonzero(np.diff(ids) != 1) + 1)]
+
+    def announce(self, runs: list[tuple[int, int, int]]) -> None:
+        """Ask the kernel to start reading ``runs`` now (``POSIX_FADV_WILLNEED``): the runs of a take
+        are then read from the disk at once, not one after another as ``verify`` reaches them."""
+        try:
+            for _c, a, b in runs:
+                os.posix_fadvise(self.fd, a, b - a, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass  # a hint only
+
+    def verify(self, runs: list[tuple[int, int, int]]) -> None:
+        """Read and check ``runs``; remember the chunks that passed."""
+        if not runs:
             return
-        for run in np.split(ids, np.flatnonzero(np.diff(ids) != 1) + 1):
-            a, b = int(run[0]) * size, min((int(run[-1]) + 1) * size, end)
+        size, end = self.footer.chunk_bytes, self.footer.ipc_end
+        for c, a, b in runs:
             data = os.pread(self.fd, b - a, a)
             if len(data) != b - a:
                 raise LayoutError(f"{self.path} ends at byte {a + len(data)}, before its checked bytes end")
-            bad = self.footer.check(data, int(run[0]))
+            bad = self.footer.check(data, c)
             if bad is not None:
                 raise ChunkDamaged(f"{self.path}: bytes {bad * size}-{min((bad + 1) * size, end)} (chunk {bad}) "
                                    "fail their CRC32C")
         if self.remember:
             with self._lock:
-                self.good[ids] = True
+                for c, a, b in runs:
+                    self.good[c:c + -(-(b - a) // size)] = True

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -154,36 +154,64 @@ def _build(t: pa.DataType, nodes: list, bufs: list, body: int, body_len: int) ->
     return Node(t, length, nulls, mine, [_build(c, nodes, bufs, body, body_len) for c in _children(t)])
 
 
-#: per open file descriptor: a check its bytes must pass before they are read (a warm fragment checked
-#: chunk by chunk instead of whole: ``tiers.chunkcheck``); ``_pread`` and ``read_ranges`` call it
-_CHECKS: dict[int, Callable[[np.ndarray, np.ndarray], None]] = {}
+class RangeCheck(Protocol):
+    """What a file's bytes must pass before they are read (a warm fragment checked chunk by chunk
+    instead of whole: ``tiers.chunkcheck.ChunkCheck``)."""
+
+    def __call__(self, pos: np.ndarray, n: np.ndarray) -> None: ...
+
+    def pending(self, pos: np.ndarray, n: np.ndarray) -> list[tuple[int, int, int]]:
+        """What is left to read and check before ranges [pos, pos + n) may be read."""
+        ...
+
+    def announce(self, runs: list[tuple[int, int, int]]) -> None:
+        """A hint that ``runs`` will be verified soon (start reading them)."""
+        ...
+
+    def verify(self, runs: list[tuple[int, int, int]]) -> None: ...
 
 
-def set_check(fd: int, check: Callable[[np.ndarray, np.ndarray], None]) -> None:
+#: per open file descriptor: the check its bytes must pass before they are read; ``_pread`` and
+#: ``read_ranges`` run it
+_CHECKS: dict[int, RangeCheck] = {}
+#: a read that checks several chunk runs first announces them all (``RangeCheck.announce``): their disk
+#: reads then overlap instead of following one another (60 warm rows from disk after a reopen: 9.6 vs 14.3 ms)
+ANNOUNCE = True
+
+
+def set_check(fd: int, check: RangeCheck) -> None:
     _CHECKS[fd] = check
 
 
-def clear_check(fd: int, check: Callable[[np.ndarray, np.ndarray], None]) -> None:
+def clear_check(fd: int, check: RangeCheck) -> None:
     """Forget ``fd``'s check if it is still ``check`` (called before the file is closed)."""
     if _CHECKS.get(fd) is check:
         _CHECKS.pop(fd, None)
 
 
 def _checked(fds: np.ndarray, pos: np.ndarray, n: np.ndarray) -> None:
-    """Run the checks of the files that have one over the ranges about to be read from them."""
+    """Run the checks of the files that have one over the ranges about to be read from them: what
+    each leaves to check is found first, announced when it is more than one run, then checked."""
+    todo: list[tuple[RangeCheck, list[tuple[int, int, int]]]] = []
     if len(fds) == 1 or (fds == fds[0]).all():
         c = _CHECKS.get(int(fds[0]))
         if c is not None:
-            c(pos, n)
-        return
-    order = np.argsort(fds, kind="stable")
-    f = fds[order]
-    cuts = np.flatnonzero(f[1:] != f[:-1]) + 1
-    for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(f)]):
-        c = _CHECKS.get(int(f[a]))
-        if c is not None:
-            idx = order[a:b]
-            c(pos[idx], n[idx])
+            todo.append((c, c.pending(pos, n)))
+    else:
+        order = np.argsort(fds, kind="stable")
+        f = fds[order]
+        cuts = np.flatnonzero(f[1:] != f[:-1]) + 1
+        for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(f)]):
+            c = _CHECKS.get(int(f[a]))
+            if c is not None:
+                idx = order[a:b]
+                todo.append((c, c.pending(pos[idx], n[idx])))
+    if ANNOUNCE and sum(len(runs) for _c, runs in todo) > 1:
+        for c, runs in todo:
+            if runs:
+                c.announce(runs)
+    for c, runs in todo:
+        c.verify(runs)
 
 
 def _pread(fd: int, n: int, off: int) -> bytes:
@@ -310,6 +338,41 @@ GAP_BYTES = 4096
 _IOV_MAX = 512  # ranges per preadv (Linux allows 1,024 buffers)
 
 
+#: a read of several ranges whose sampled ranges are not all in the page cache announces every range
+#: first (``POSIX_FADV_WILLNEED``): the disk then serves them at once, not one page fault after another
+#: (60 warm rows from disk: 3.7 vs 14.3 ms; the probe costs a hot read ~1%)
+ANNOUNCE_READS = True
+_PROBES = 4  # ranges probed (spread over the read) for page-cache residence
+_NOWAIT = getattr(os, "RWF_NOWAIT", None)
+
+
+def _uncached(fds: np.ndarray, pos: np.ndarray, n: np.ndarray) -> bool:
+    """Whether a few of the ranges (first byte each) are not in the page cache (``RWF_NOWAIT``)."""
+    if _NOWAIT is None:
+        return False
+    one = bytearray(1)
+    for i in np.linspace(0, len(n) - 1, min(_PROBES, len(n))).astype(np.int64).tolist():
+        if n[i]:
+            try:
+                os.preadv(int(fds[i]), [one], int(pos[i]), _NOWAIT)
+            except BlockingIOError:
+                return True
+            except OSError:
+                return False  # no RWF_NOWAIT here
+    return False
+
+
+def _announce(fds: np.ndarray, pos: np.ndarray, n: np.ndarray) -> None:
+    """``POSIX_FADV_WILLNEED`` each range: those not in the page cache are read from the disk at once."""
+    advise, will = os.posix_fadvise, os.POSIX_FADV_WILLNEED
+    try:
+        for fd, a, m in zip(fds.tolist(), pos.tolist(), n.tolist()):
+            if m:
+                advise(fd, a, m, will)
+    except OSError:
+        pass  # a hint only
+
+
 def read_ranges(fds: np.ndarray, pos: np.ndarray, n: np.ndarray,
                 maps: tuple[np.ndarray, np.ndarray] | None = None) -> pa.Buffer:
     """Bytes [pos[i], pos[i] + n[i]) of file ``fds[i]`` for each i, concatenated in that order.
@@ -327,6 +390,8 @@ def read_ranges(fds: np.ndarray, pos: np.ndarray, n: np.ndarray,
         return out
     if _CHECKS:
         _checked(np.asarray(fds, np.int64), np.asarray(pos, np.int64), np.asarray(n, np.int64))
+    if ANNOUNCE_READS and len(n) > 1 and _uncached(fds, pos, n):
+        _announce(fds, pos, n)
     if maps is not None and vmread.available() and maps[0].all():
         if ((pos < 0) | (pos + n > maps[1])).any():
             raise LayoutError("a range lies outside its file")
