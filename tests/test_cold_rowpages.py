@@ -250,6 +250,53 @@ def test_a_get_larger_than_a_part_is_read_part_by_part(tmp_path, monkeypatch):
     assert len(parts) > 1
 
 
+def _drop_from_page_cache(paths: list[Path]) -> bool:
+    """Drop the files' clean pages (``POSIX_FADV_DONTNEED``); whether they then are out of the cache."""
+    out = True
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            try:
+                os.preadv(fd, [bytearray(1)], os.fstat(fd).st_size // 2, os.RWF_NOWAIT)
+                out = False
+            except BlockingIOError:
+                pass
+        finally:
+            os.close(fd)
+    return out
+
+
+def test_a_get_from_disk_announces_its_pages_and_decodes_part_by_part(tmp_path, monkeypatch):
+    """Local files whose pages are not in the page cache: every page range of the take is announced
+    first (the kernel reads them while the parts are decoded, ``OVERLAP_BYTES``); from the page cache
+    nothing is announced and the take is one part. The rows are the same."""
+    import lakebuffer.lake.rowpages as rowpages
+
+    monkeypatch.setattr(rowpages, "OVERLAP_BYTES", 64 * 1024)
+    announced, parts = [], []
+    real_announce, real_bodies = rowpages.RowPages._announce, rowpages.RowPages._bodies_of
+    monkeypatch.setattr(rowpages.RowPages, "_announce",
+                        lambda self, entry, plan: announced.append(entry["path"]) or real_announce(self, entry, plan))
+    monkeypatch.setattr(rowpages.RowPages, "_bodies_of",
+                        lambda self, items, plans, part, errors: parts.append(len(part)) or real_bodies(self, items, plans, part, errors))
+    with _cold_buffer(tmp_path / "buf", str(tmp_path / "lake")) as buf:
+        ref = _fill(buf, batches=16)
+        cold = _cold(buf)  # (a scan: it reads the files whole)
+        picks = [cold[i] for i in np.random.default_rng(2).choice(len(cold), 64, replace=False).tolist()]
+        idx = {k: i for i, k in enumerate(ref.column("key").to_pylist())}
+        want = ref.take(pa.array([idx[k] for k in picks])).select(["key", "response_ids", "reward"])
+        files = [Path(buf.lake.store.abs(e["path"])) for e in buf.lake.latest_manifest(buf.run_id)["files"]]
+        on_disk = _drop_from_page_cache(files)
+        assert buf.get(picks, ["key", "response_ids", "reward"]).to_pylist() == want.to_pylist()
+        assert bool(announced) == on_disk and (len(parts) > 1) == on_disk, (announced, parts, on_disk)
+        announced.clear()
+        parts.clear()
+        assert buf.get(picks, ["key", "response_ids", "reward"]).to_pylist() == want.to_pylist()  # page cache
+        assert announced == [] and len(parts) == 1, (announced, parts)
+
+
 def test_a_buffers_cold_get_on_s3_is_served_by_the_row_reader(tmp_path, s3_server, s3_bucket):
     with _cold_buffer(tmp_path / "buf", f"{s3_bucket}/lake", storage_options=s3_server.storage_options) as buf:
         _check_buffer_get(buf, _fill(buf, batches=10))

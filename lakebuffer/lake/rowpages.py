@@ -51,6 +51,10 @@ LAYOUT_THREADS = 8  # files whose footers are read at once
 #: compressed page bytes one part of a take reads and decompresses at once (RAM: ~3x this while it runs)
 PART_BYTES = 16 << 20
 FETCH_THREADS = 8  # files whose pages are read at once (an object store's, or local ones not in the page cache)
+#: local files not in the page cache: every page range of a take is announced to the kernel first
+#: (``POSIX_FADV_WILLNEED``) and the take goes on in parts of about this many bytes of pages, each
+#: decoded while the kernel reads the next ones (the disk and the CPU overlap, no thread in between)
+OVERLAP_BYTES = 2 << 20
 _NOWAIT = getattr(os, "RWF_NOWAIT", None)
 
 
@@ -386,7 +390,7 @@ class RowPages:
         or why it cannot be served."""
         plans, errors = self._plans(items, columns)
         out: list[pa.Table | Unreadable] = [Unreadable("not read")] * len(items)
-        for part in self._parts(plans, errors):
+        for part in self._read_parts(items, plans, errors):
             bodies = self._bodies_of(items, plans, part, errors)
             for i in part:
                 if i not in errors:
@@ -407,7 +411,7 @@ class RowPages:
         ``PART_BYTES`` of pages (memory: a part's pages are held compressed and decompressed at once)."""
         plans, errors = self._plans(items, columns)
         out: list[tuple[list[int], pa.Table, list[str]]] = []
-        for part in self._parts(plans, errors):
+        for part in self._read_parts(items, plans, errors):
             bodies = self._bodies_of(items, plans, part, errors)
             groups: dict[tuple, list[int]] = {}
             for i in part:
@@ -446,20 +450,40 @@ class RowPages:
         return plans, errors
 
     @staticmethod
-    def _parts(plans: list[_Plan | None], errors: dict[int, Unreadable]) -> list[list[int]]:
-        """The planned items in runs of at most ``PART_BYTES`` of pages (one item may exceed it alone)."""
+    def _parts(plans: list[_Plan | None], errors: dict[int, Unreadable], limit: int | None = None) -> list[list[int]]:
+        """The planned items in runs of at most ``limit`` (``PART_BYTES``) bytes of pages (one item may
+        exceed it alone)."""
+        limit = PART_BYTES if limit is None else limit
         parts: list[list[int]] = [[]]
         held = 0
         for i, plan in enumerate(plans):
             if plan is None or i in errors:
                 continue
             size = sum(n for _o, n in plan.wanted)
-            if parts[-1] and held + size > PART_BYTES:
+            if parts[-1] and held + size > limit:
                 parts.append([])
                 held = 0
             parts[-1].append(i)
             held += size
         return [p for p in parts if p]
+
+    def _read_parts(self, items: list[tuple[dict, list[str], np.ndarray]], plans: list[_Plan | None],
+                    errors: dict[int, Unreadable]) -> list[list[int]]:
+        """The parts a take reads one after another: of ``PART_BYTES`` (memory), or, when local files'
+        pages are not in the page cache, of ``OVERLAP_BYTES`` with every range announced first."""
+        parts = self._parts(plans, errors)
+        if not (OVERLAP_BYTES and self.store.native_local and _NOWAIT) or sum(map(len, parts)) < 2:
+            return parts
+        first = next(i for p in parts for i in p)
+        try:
+            self._fetch(items[first][0], plans[first], cached_only=True)  # type: ignore[arg-type]
+            return parts  # (one probe: a take's files are cached alike, or the disk serves them)
+        except (WouldBlock, Unreadable):
+            pass
+        for p in parts:
+            for i in p:
+                self._announce(items[i][0], plans[i])  # type: ignore[arg-type]
+        return self._parts(plans, errors, min(OVERLAP_BYTES, PART_BYTES))
 
     def _bodies_of(self, items: list[tuple[dict, list[str], np.ndarray]], plans: list[_Plan | None],
                    part: list[int], errors: dict[int, Unreadable]) -> dict[int, dict]:
@@ -539,9 +563,8 @@ class RowPages:
             plan.rows[c] = (page_ids, local)
         return plan
 
-    def _fetch(self, entry: dict, plan: _Plan, cached_only: bool = False) -> list[memoryview]:
-        """The raw bytes of the plan's pages, in page-number order (adjacent ranges read as one);
-        ``cached_only``: ``WouldBlock`` unless the page cache holds them all."""
+    def _merged(self, plan: _Plan) -> list[list[int]]:
+        """The plan's page ranges in file order, those closer than the merge gap joined."""
         merged: list[list[int]] = []
         gap = MERGE_GAP if self.store.native_local else OBJECT_MERGE_GAP
         for off, size in sorted(plan.wanted):
@@ -549,6 +572,26 @@ class RowPages:
                 merged[-1][1] = max(merged[-1][1], off + size)
             else:
                 merged.append([off, off + size])
+        return merged
+
+    def _announce(self, entry: dict, plan: _Plan) -> None:
+        """Ask the kernel to start reading the plan's ranges now (a hint: errors are the read's to say)."""
+        try:
+            fd = os.open(self.store.abs(entry["path"]), os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            for a, b in self._merged(plan):
+                os.posix_fadvise(fd, a, b - a, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    def _fetch(self, entry: dict, plan: _Plan, cached_only: bool = False) -> list[memoryview]:
+        """The raw bytes of the plan's pages, in page-number order (adjacent ranges read as one);
+        ``cached_only``: ``WouldBlock`` unless the page cache holds them all."""
+        merged = self._merged(plan)
         try:
             blobs = self._read_ranges(entry["path"], [(a, b) for a, b in merged], cached_only)
         except (Unreadable, WouldBlock):
