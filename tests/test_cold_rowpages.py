@@ -268,19 +268,32 @@ def _drop_from_page_cache(paths: list[Path]) -> bool:
     return out
 
 
-def test_a_get_from_disk_announces_its_pages_and_decodes_part_by_part(tmp_path, monkeypatch):
-    """Local files whose pages are not in the page cache: every page range of the take is announced
-    first (the kernel reads them while the parts are decoded, ``OVERLAP_BYTES``); from the page cache
-    nothing is announced and the take is one part. The rows are the same."""
+@pytest.mark.parametrize("ahead", ["all", "one part"])
+def test_a_get_from_disk_announces_its_pages_and_decodes_part_by_part(tmp_path, monkeypatch, ahead):
+    """Local files whose pages are not in the page cache: the take's page ranges are announced
+    (``ANNOUNCE_AHEAD`` bytes ahead of the part being read: all of a small take, or part by part) and
+    the parts are decoded while the kernel reads on (``OVERLAP_BYTES``); from the page cache nothing is
+    announced and the take is one part. The rows are the same."""
     import lakebuffer.lake.rowpages as rowpages
 
     monkeypatch.setattr(rowpages, "OVERLAP_BYTES", 64 * 1024)
-    announced, parts = [], []
+    if ahead == "one part":
+        monkeypatch.setattr(rowpages, "ANNOUNCE_AHEAD", 64 * 1024)
+    announced, parts, events = [], [], []
     real_announce, real_bodies = rowpages.RowPages._announce, rowpages.RowPages._bodies_of
-    monkeypatch.setattr(rowpages.RowPages, "_announce",
-                        lambda self, entry, plan: announced.append(entry["path"]) or real_announce(self, entry, plan))
-    monkeypatch.setattr(rowpages.RowPages, "_bodies_of",
-                        lambda self, items, plans, part, errors: parts.append(len(part)) or real_bodies(self, items, plans, part, errors))
+
+    def announce(self, entry, plan):
+        announced.append(entry["path"])
+        events.append("announce")
+        return real_announce(self, entry, plan)
+
+    def bodies(self, items, plans, part, errors):
+        parts.append(len(part))
+        events.append("read")
+        return real_bodies(self, items, plans, part, errors)
+
+    monkeypatch.setattr(rowpages.RowPages, "_announce", announce)
+    monkeypatch.setattr(rowpages.RowPages, "_bodies_of", bodies)
     with _cold_buffer(tmp_path / "buf", str(tmp_path / "lake")) as buf:
         ref = _fill(buf, batches=16)
         cold = _cold(buf)  # (a scan: it reads the files whole)
@@ -291,6 +304,10 @@ def test_a_get_from_disk_announces_its_pages_and_decodes_part_by_part(tmp_path, 
         on_disk = _drop_from_page_cache(files)
         assert buf.get(picks, ["key", "response_ids", "reward"]).to_pylist() == want.to_pylist()
         assert bool(announced) == on_disk and (len(parts) > 1) == on_disk, (announced, parts, on_disk)
+        if on_disk:  # every file of the take announced once; all before the first read, or along the reads
+            assert sorted(announced) == sorted(set(announced)) and len(announced) == sum(parts)
+            first_read, last_announce = events.index("read"), len(events) - 1 - events[::-1].index("announce")
+            assert (first_read < last_announce) == (ahead == "one part"), events
         announced.clear()
         parts.clear()
         assert buf.get(picks, ["key", "response_ids", "reward"]).to_pylist() == want.to_pylist()  # page cache

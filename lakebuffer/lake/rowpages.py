@@ -28,6 +28,7 @@ import bisect
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -55,6 +56,7 @@ FETCH_THREADS = 8  # files whose pages are read at once (an object store's, or l
 #: (``POSIX_FADV_WILLNEED``) and the take goes on in parts of about this many bytes of pages, each
 #: decoded while the kernel reads the next ones (the disk and the CPU overlap, no thread in between)
 OVERLAP_BYTES = 2 << 20
+ANNOUNCE_AHEAD = 64 << 20  # ... announced at most this many bytes of pages ahead of the part being read
 _NOWAIT = getattr(os, "RWF_NOWAIT", None)
 
 
@@ -468,22 +470,30 @@ class RowPages:
         return [p for p in parts if p]
 
     def _read_parts(self, items: list[tuple[dict, list[str], np.ndarray]], plans: list[_Plan | None],
-                    errors: dict[int, Unreadable]) -> list[list[int]]:
+                    errors: dict[int, Unreadable]) -> Iterator[list[int]]:
         """The parts a take reads one after another: of ``PART_BYTES`` (memory), or, when local files'
-        pages are not in the page cache, of ``OVERLAP_BYTES`` with every range announced first."""
+        pages are not in the page cache, of ``OVERLAP_BYTES``, each announced ``ANNOUNCE_AHEAD`` bytes
+        before it is read (a huge take does not ask the page cache for all of itself at once)."""
         parts = self._parts(plans, errors)
         if not (OVERLAP_BYTES and self.store.native_local and _NOWAIT) or sum(map(len, parts)) < 2:
-            return parts
+            yield from parts
+            return
         first = next(i for p in parts for i in p)
         try:
             self._fetch(items[first][0], plans[first], cached_only=True)  # type: ignore[arg-type]
-            return parts  # (one probe: a take's files are cached alike, or the disk serves them)
+            yield from parts  # (one probe: a take's files are cached alike, or the disk serves them)
+            return
         except (WouldBlock, Unreadable):
             pass
-        for p in parts:
-            for i in p:
-                self._announce(items[i][0], plans[i])  # type: ignore[arg-type]
-        return self._parts(plans, errors, min(OVERLAP_BYTES, PART_BYTES))
+        small = self._parts(plans, errors, min(OVERLAP_BYTES, PART_BYTES))
+        ahead = max(1, ANNOUNCE_AHEAD // max(1, min(OVERLAP_BYTES, PART_BYTES)))
+        told = 0
+        for k, part in enumerate(small):
+            while told < min(len(small), k + ahead):
+                for i in small[told]:
+                    self._announce(items[i][0], plans[i])  # type: ignore[arg-type]
+                told += 1
+            yield part
 
     def _bodies_of(self, items: list[tuple[dict, list[str], np.ndarray]], plans: list[_Plan | None],
                    part: list[int], errors: dict[int, Unreadable]) -> dict[int, dict]:
