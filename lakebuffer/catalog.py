@@ -130,6 +130,8 @@ class Catalog:
         meta_schema = pa.schema([schema.field(c) for c in meta_columns] + [pa.field("_batch", pa.int64())])
         self.meta_schema = meta_schema
         self._pending: list[pa.Table] = []
+        self._pending_lock = threading.Lock()  # guards ``_pending`` and ``meta_rows_hint``
+        self._lake_views = threading.Lock()  # one lake registration at a time (``register_lake``)
         self._pending_counts: list[pa.Table] = []
         self._pending_count_rows = 0
         self._pending_replays: list[pa.Table] = []
@@ -205,10 +207,15 @@ class Catalog:
                 self.con.execute(stmt)
 
     def register_lake(self, lake: Any, run_id: str) -> None:
-        """Point the ``cold`` (this run) and ``lake`` (all runs) views at the lake's snapshots."""
-        with self.lock:
-            lake.register(self.con, "cold", run_id=run_id)
-            lake.register(self.con, "lake")
+        """Point the ``cold`` (this run) and ``lake`` (all runs) views at the lake's snapshots. The Delta
+        log is read before the connection's lock is taken: a push queues its metadata under that lock,
+        and waited for the log's read (a third of a paced push's time, p99 12x its p50). Registrations
+        follow one another (``_lake_views``), so a newer snapshot's views are never replaced by older ones."""
+        with self._lake_views:
+            views = [lake.view_of("cold", run_id=run_id), lake.view_of("lake")]
+            with self.lock:
+                for view in views:
+                    view.apply(self.con)
 
     # metadata table ----------------------------------------------------------------------
     def insert_meta(self, meta: pa.Table) -> None:
@@ -216,7 +223,7 @@ class Catalog:
 
         A DuckDB statement costs milliseconds, a push should not: many pushes share one insert.
         """
-        with self.lock:
+        with self._pending_lock:  # not the connection's lock: a push never waits for a statement
             self._pending.append(meta)
             self.meta_rows_hint += meta.num_rows
         self._maybe_flush()
@@ -264,15 +271,21 @@ class Catalog:
         self.warmed += 1
 
     def _flush_pending(self) -> None:
-        if not self._pending:
-            return
-        batch = pa.concat_tables(self._pending) if len(self._pending) > 1 else self._pending[0]
+        """Insert the queued metadata (the caller holds the connection's lock); kept queued if it fails."""
+        with self._pending_lock:
+            if not self._pending:
+                return
+            taken, self._pending = self._pending, []
+        batch = pa.concat_tables(taken) if len(taken) > 1 else taken[0]
         self.con.register("meta_new", batch)
         try:
             self.con.execute(sql_text("meta_insert"))
+        except BaseException:
+            with self._pending_lock:
+                self._pending[:0] = taken
+            raise
         finally:
             self.con.unregister("meta_new")
-        self._pending.clear()
         self._measure_memory()
 
     def _measure_memory(self) -> None:
@@ -282,7 +295,8 @@ class Catalog:
     def delete_meta(self, keys: pa.Array) -> None:
         with self.lock:
             self._flush_pending()
-            self.meta_rows_hint = max(0, self.meta_rows_hint - len(keys))
+            with self._pending_lock:
+                self.meta_rows_hint = max(0, self.meta_rows_hint - len(keys))
             self.con.register("meta_gone", pa.table({"key": keys}))
             self.con.execute(sql_text("meta_delete"))
             if self.keeps_priorities:
@@ -328,7 +342,8 @@ class Catalog:
     @property
     def pending(self) -> tuple[int, int]:
         """Metadata rows and replay counts queued for DuckDB (the buffer flushes big queues early)."""
-        return sum(t.num_rows for t in self._pending), self._pending_count_rows
+        with self._pending_lock:
+            return sum(t.num_rows for t in self._pending), self._pending_count_rows
 
     def _flush_counts(self) -> None:
         if not self._pending_counts:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import fsspec
@@ -55,6 +55,19 @@ def _option(name: str) -> property:
         self.options = replace(self.options, **{name: value})
 
     return property(get, set_, doc=f"``LakeOptions.{name}``")
+
+
+@dataclass(frozen=True)
+class LakeView:
+    """A DuckDB view over a lake's rows, ready to put on a connection (``apply``: two quick calls)."""
+
+    source: str
+    dataset: Any
+    sql: str
+
+    def apply(self, con: Any) -> None:
+        con.register(self.source, self.dataset)
+        con.execute(self.sql)
 
 
 class Lake:
@@ -372,13 +385,17 @@ class Lake:
         and verified as ``dataset`` says when a query first reads it (binding the view reads no data
         file). The view is pinned to the version read now; call again to refresh.
         """
+        self.view_of(view, run_id).apply(con)
+
+    def view_of(self, view: str = "cold", run_id: str | None = None) -> LakeView:
+        """What ``register`` puts on a connection, read from the Delta log now (the slow part: a catalog
+        reads it before it takes its connection's lock, ``Catalog.register_lake``)."""
         entries, docs = self._selected(run_id, None)  # pinned now, from the Delta log only
         full = self._dataset_schema(docs)
         # verified and built when a query reads the view, not here: an open binds views, reads no data
         dset = DeferredDataset.over(lambda: self.dataset_of(entries, full), full)
         source = f"__lakebuffer_{view}_dataset"
-        con.register(source, dset)
-        con.execute(render_sql("lake_view", view=_ident(view), source=_ident(source)))
+        return LakeView(source, dset, render_sql("lake_view", view=_ident(view), source=_ident(source)))
 
     def prune_hint(self, where: str) -> str:
         """``where`` with redundant ``policy_bucket`` predicates ANDed for its top-level integer
