@@ -339,11 +339,19 @@ def test_a_damaged_page_in_the_buffers_lake_is_a_corruption_error_naming_the_fil
         for off in range(col.data_page_offset + 64, col.data_page_offset + col.total_compressed_size, 4096):
             data[off] ^= 0x01  # every page of the chunk: the row's page among them
         hit.write_bytes(bytes(data))
+        reader = next(iter(buf._state.cold._page_readers.values()))
+        asked = []
+        real = reader._take_datafusion
+        reader._take_datafusion = lambda items, columns: asked.append(len(items)) or real(items, columns)
         try:
             with pytest.raises(CorruptionError, match=str(hit)):
                 buf.get([key], ["response_ids"])
         finally:
             hit.write_bytes(original)
+            reader._take_datafusion = real
+        # the page failed its CRC: the file is damaged; DataFusion (which checks no page CRC, and could
+        # return the row if the damage missed its bytes) was not asked
+        assert asked == [], asked
         assert buf.get([key], ["response_ids"]).equals(before)
 
 

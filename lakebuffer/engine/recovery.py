@@ -75,7 +75,9 @@ def unexplained_fragments(index: KeyIndex, warm: WarmTier, batches: dict[int, Ba
 
 def quarantine_segment(wal: WriteAheadLog, batch_id: int, buffer_dir: Path, why: str) -> Path:
     """Move a WAL segment aside (``<dir>/quarantine/wal/``, with ``why``): kept, never served, never deleted."""
-    return quarantine.move(wal.segment_path(batch_id), buffer_dir, "wal", why)
+    moved = quarantine.move(wal.segment_path(batch_id), buffer_dir, "wal", why)
+    wal.forget(batch_id)
+    return moved
 
 
 def sweep_wal(index: KeyIndex, warm: WarmTier, wal: WriteAheadLog, batches: dict[int, BatchInfo],

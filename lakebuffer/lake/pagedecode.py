@@ -30,6 +30,11 @@ class Unreadable(Exception):
     """This reader does not serve the file (or these rows of it): the caller reads it the older way."""
 
 
+class PageDamaged(Unreadable):
+    """A page fails the CRC its writer stored, or is cut short: the file is damaged. No other reader is
+    asked (DataFusion does not check page CRCs: it could return the page, and a row its damage missed)."""
+
+
 @dataclass(frozen=True)
 class Leaf:
     """How one top-level column is stored: its Arrow type and the Parquet levels of its leaf."""
@@ -121,9 +126,11 @@ def page_header(raw: bytes | memoryview) -> tuple[Any, np.ndarray]:
     head = io.tell()
     comp = buf[head:head + ph.compressed_page_size]
     if len(comp) != ph.compressed_page_size:
-        raise Unreadable("page cut short")
-    if ph.crc is None or (crc32(comp) & 0xFFFFFFFF) != (ph.crc & 0xFFFFFFFF):
-        raise Unreadable("page fails its CRC")
+        raise PageDamaged("a page is cut short")
+    if ph.crc is None:
+        raise Unreadable("a page without a CRC (another writer's file)")
+    if (crc32(comp) & 0xFFFFFFFF) != (ph.crc & 0xFFFFFFFF):
+        raise PageDamaged(f"a page fails its CRC ({len(comp)} bytes)")
     return ph, comp
 
 

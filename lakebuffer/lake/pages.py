@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 
 from ..errors import CorruptionError, LakeBufferError, LakeError
 from .fs import LakeFS
+from .pagedecode import PageDamaged
 from .prefetch import prefetch
 from .rowhash import HASH_COLUMN, file_digest_columns, mismatches
 from .rowpages import RowPages, Unreadable
@@ -264,22 +265,25 @@ class PageReader:
         With ``rows`` (each item's keys' row numbers in its file), items the row reader serves are
         read by it (``lake/rowpages.py``); the others, and any it could not verify, by DataFusion."""
         fast: list[tuple[list[int], pa.Table, np.ndarray]] = []
+        damaged: dict[int, Exception] = {}
         if rows is not None:
-            fast, left = self._by_row_reader(items, columns, rows)
+            fast, left, damaged = self._by_row_reader(items, columns, rows)
             if not left:
-                return fast, {}
+                return fast, damaged
         else:
             left = list(range(len(items)))
         groups_out, errors = self._take_datafusion([items[i] for i in left], columns)
         for members, table, pos in groups_out:
             fast.append(([left[i] for i in members], table, pos))
-        return fast, {left[i]: e for i, e in errors.items()}
+        return fast, {**damaged, **{left[i]: e for i, e in errors.items()}}
 
     def _by_row_reader(self, items: list[tuple[dict, list[str]]], columns: list[str], rows: list[np.ndarray]
-                       ) -> tuple[list[tuple[list[int], pa.Table, np.ndarray]], list[int]]:
-        """(groups the row reader read: one per set of columns, items it left)."""
+                       ) -> tuple[list[tuple[list[int], pa.Table, np.ndarray]], list[int], dict[int, Exception]]:
+        """(groups the row reader read: one per set of columns, items it left to DataFusion, items whose
+        pages fail their CRC: damaged, with the error, not read again by a reader that checks no CRC)."""
         groups, errors = self.rows.take_grouped([(e, k, rows[i]) for i, (e, k) in enumerate(items)], columns)
-        left = sorted(errors)
+        damaged: dict[int, Exception] = {i: e for i, e in errors.items() if isinstance(e, PageDamaged)}
+        left = sorted(i for i in errors if i not in damaged)
         out = []
         for members, table, hashed in groups:
             # one digest pass over every file's rows; a file with a failing row goes to DataFusion
@@ -297,7 +301,7 @@ class PageReader:
                 table = table.take(pa.array(keep))
             out.append((members, table.select(cols), np.arange(len(table), dtype=np.int64)))
         self.rows.count(sum(len(t) for _m, t, _p in out), len(left))
-        return out, sorted(left)
+        return out, sorted(left), damaged
 
     def _take_datafusion(self, items: list[tuple[dict, list[str]]], columns: list[str]
                          ) -> tuple[list[tuple[list[int], pa.Table, np.ndarray]], dict[int, Exception]]:

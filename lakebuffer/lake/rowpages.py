@@ -15,10 +15,12 @@ writer does, ``parquet_options``), a row's digest bytes are read alone, at the o
 gives (a page's values are its last bytes), not its page: the digests are what is checked, so a
 damaged one fails its row as a damaged page would, and nothing returned goes unverified.
 
-It does not diagnose: a file it cannot read or decode, a page
-that fails its CRC, a row that fails its digest, and column chunks it does not decode (dictionary
-pages, nesting deeper than one list level, data pages v2, strings) make the caller read that file the
-older way (``PageReader``'s DataFusion query), which reports exactly what is wrong.
+It does not diagnose: a file it cannot read or decode, a row that fails its digest, and column chunks
+it does not decode (dictionary pages, nesting deeper than one list level, data pages v2, strings) make
+the caller read that file the older way (``PageReader``'s DataFusion query), which reports exactly what
+is wrong. A page that fails its CRC (or is cut short) is ``PageDamaged``: the file is damaged, and the
+caller says so without asking DataFusion, which checks no page CRC and could return a row the damage
+missed.
 """
 
 

@@ -13,6 +13,7 @@ soon as its batch is in the warm tier.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -51,6 +52,11 @@ class WriteAheadLog:
         #: batch id -> (size, mtime) of a segment this process wrote and checksummed from disk: write-back
         #: promotes such a segment to a warm fragment without reading it again while it is unchanged
         self.written: dict[int, tuple[int, int]] = {}
+        #: batch id -> bytes of each complete segment, kept by ``write`` / ``remove`` once ``nbytes`` has
+        #: listed the directory (the disk budget asks twice a push; the listing cost a push ~10%)
+        self._sizes: dict[int, int] | None = None
+        self._changes = 0  # segments written or removed: a listing taken across one is not kept
+        self._sizes_lock = threading.Lock()
 
     def _segment(self, batch_id: int) -> Path:
         return self.path / f"{batch_id:016d}.arrow"
@@ -66,6 +72,10 @@ class WriteAheadLog:
             raise
         st = os.stat(final)
         self.written[batch_id] = (st.st_size, st.st_mtime_ns)
+        with self._sizes_lock:
+            self._changes += 1
+            if self._sizes is not None:
+                self._sizes[batch_id] = st.st_size
         if self.sync:
             fsync_path(self.path)
 
@@ -116,6 +126,14 @@ class WriteAheadLog:
     def remove(self, batch_id: int) -> None:
         self.written.pop(batch_id, None)
         self._segment(batch_id).unlink(missing_ok=True)
+        self.forget(batch_id)
+
+    def forget(self, batch_id: int) -> None:
+        """A segment left the directory another way (moved aside): stop counting its bytes."""
+        with self._sizes_lock:
+            self._changes += 1
+            if self._sizes is not None:
+                self._sizes.pop(batch_id, None)
 
     def ids(self) -> list[int]:
         """Batch ids of complete segments (read-only: a ``.tmp`` may be a push writing right now)."""
@@ -129,10 +147,20 @@ class WriteAheadLog:
         return len(torn)
 
     def nbytes(self) -> int:
-        total = 0
+        """Bytes of the complete segments: listed once, then kept as segments are written and removed."""
+        with self._sizes_lock:
+            if self._sizes is not None:
+                return sum(self._sizes.values())
+            changes = self._changes
+        sizes = {}
         for p in self.path.glob("*.arrow"):
+            if not p.stem.isdigit():
+                continue
             try:
-                total += p.stat().st_size
+                sizes[int(p.stem)] = p.stat().st_size
             except FileNotFoundError:  # removed by a write-back meanwhile
                 pass
-        return total
+        with self._sizes_lock:
+            if self._sizes is None and self._changes == changes:
+                self._sizes = sizes
+        return sum(sizes.values())
