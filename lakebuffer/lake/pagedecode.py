@@ -141,12 +141,6 @@ def decompress(ph: Any, comp: np.ndarray, codec: str | None) -> np.ndarray:
     return np.frombuffer(_codec(codec).decompress(comp, decompressed_size=ph.uncompressed_page_size), np.uint8)
 
 
-def page_body(raw: bytes | memoryview, codec: str | None) -> tuple[Any, np.ndarray]:
-    """(page header, uncompressed body) of one page, its CRC checked first."""
-    ph, comp = page_header(raw)
-    return ph, decompress(ph, comp, codec)
-
-
 _CODECS: dict[str, pa.Codec] = {}
 
 

@@ -197,7 +197,7 @@ def _direct_starts(lay: Layout, groups: list[int]) -> dict[int, np.ndarray] | No
 
 
 def _bodies(jobs: list[tuple[int, int, memoryview]], plans: list) -> dict[int, dict]:
-    """``page_body`` of every (item, page number, raw bytes): {item: {page number: (header, body) or
+    """(header, uncompressed body) of every (item, page number, raw bytes): {item: {page number: (header, body) or
     Unreadable}}. Headers and CRCs in this thread, then the compressed bodies decompressed on
     ``BODY_THREADS`` threads split by bytes, with nothing but the native call in their loop (a page's
     Python under the GIL between two threads' native calls cost more than it did alone:
