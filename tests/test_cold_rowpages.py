@@ -360,7 +360,7 @@ def test_pages_not_in_the_page_cache_are_read_by_the_pool_and_equal(tmp_path, mo
     one in the page cache is read at once. Either way the rows are the same."""
     import lakebuffer.lake.rowpages as rowpages
 
-    if rowpages._NOWAIT is None:
+    if rowpages.NOWAIT is None:
         pytest.skip("this platform has no RWF_NOWAIT: every local file is read on the fetch threads")
     threads: list[str] = []
     real = rowpages.RowPages._fetch
@@ -384,7 +384,7 @@ def test_pages_not_in_the_page_cache_are_read_by_the_pool_and_equal(tmp_path, mo
 def test_a_cached_read_returns_the_bytes_or_refuses(tmp_path):
     import lakebuffer.lake.rowpages as rowpages
 
-    if rowpages._NOWAIT is None:
+    if rowpages.NOWAIT is None:
         pytest.skip("no RWF_NOWAIT here")
     data = os.urandom(100_000)
     (tmp_path / "f").write_bytes(data)

@@ -149,6 +149,11 @@ class ColdStore(Protocol):
         """Create or replace a DuckDB view over the committed rows."""
         ...
 
+    def view_of(self, view: str = "cold", run_id: str | None = None) -> Any:
+        """``register``'s view, read from the log now and put on a connection later (``.apply(con)``):
+        a catalog reads it before it takes its connection's lock."""
+        ...
+
     def prune_hint(self, where: str) -> str:
         """``where`` with redundant partition predicates for engines that prune on hive columns only."""
         ...

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ..pagecache import NOWAIT, in_page_cache, will_need
 from .fs import LakeFS
 from .pagedecode import Unreadable, assemble, decompress, dictionary_of, page_header, page_of
 from .pagelayout import TAIL_BYTES, Layout, parse_layout
@@ -59,7 +60,6 @@ FETCH_THREADS = 8  # files whose pages are read at once (an object store's, or l
 #: decoded while the kernel reads the next ones (the disk and the CPU overlap, no thread in between)
 OVERLAP_BYTES = 2 << 20
 ANNOUNCE_AHEAD = 64 << 20  # ... announced at most this many bytes of pages ahead of the part being read
-_NOWAIT = getattr(os, "RWF_NOWAIT", None)
 
 
 class WouldBlock(Exception):
@@ -70,7 +70,7 @@ def _read_cached(fd: int, a: int, b: int) -> bytearray:
     """Bytes ``a:b`` of ``fd`` if the page cache holds all of them, else ``WouldBlock``."""
     buf = bytearray(b - a)
     try:
-        n = os.preadv(fd, [buf], a, _NOWAIT)
+        n = os.preadv(fd, [buf], a, NOWAIT)
     except OSError:  # EAGAIN (BlockingIOError), or a filesystem without RWF_NOWAIT: read it the usual way
         raise WouldBlock from None
     if n != b - a:
@@ -197,8 +197,8 @@ def _direct_starts(lay: Layout, groups: list[int]) -> dict[int, np.ndarray] | No
 
 
 def _bodies(jobs: list[tuple[int, int, memoryview]], plans: list) -> dict[int, dict]:
-    """(header, uncompressed body) of every (item, page number, raw bytes): {item: {page number: (header, body) or
-    Unreadable}}. Headers and CRCs in this thread, then the compressed bodies decompressed on
+    """(header, uncompressed body) of every (item, page number, raw bytes): {item: {page number:
+    (header, body) or Unreadable}}. Headers and CRCs in this thread, then the compressed bodies decompressed on
     ``BODY_THREADS`` threads split by bytes, with nothing but the native call in their loop (a page's
     Python under the GIL between two threads' native calls cost more than it did alone:
     ``benchmarks/page_bodies.py``, 0.71x the time). The digest spans, ``RAW``, are passed through."""
@@ -477,16 +477,13 @@ class RowPages:
         pages are not in the page cache, of ``OVERLAP_BYTES``, each announced ``ANNOUNCE_AHEAD`` bytes
         before it is read (a huge take does not ask the page cache for all of itself at once)."""
         parts = self._parts(plans, errors)
-        if not (OVERLAP_BYTES and self.store.native_local and _NOWAIT) or sum(map(len, parts)) < 2:
+        if not (OVERLAP_BYTES and self.store.native_local and NOWAIT) or sum(map(len, parts)) < 2:
             yield from parts
             return
         first = next(i for p in parts for i in p)
-        try:
-            self._fetch(items[first][0], plans[first], cached_only=True)  # type: ignore[arg-type]
+        if self._in_page_cache(items[first][0], plans[first]):  # type: ignore[arg-type]
             yield from parts  # (one probe: a take's files are cached alike, or the disk serves them)
             return
-        except (WouldBlock, Unreadable):
-            pass
         small = self._parts(plans, errors, min(OVERLAP_BYTES, PART_BYTES))
         ahead = max(1, ANNOUNCE_AHEAD // max(1, min(OVERLAP_BYTES, PART_BYTES)))
         told = 0
@@ -514,7 +511,7 @@ class RowPages:
         # costs more than such reads); the files that would wait for the disk, or an object store's,
         # are read FETCH_THREADS at a time so their waits overlap (measured: benchmarks/notes/coldget_disk.md)
         raws: list[list[memoryview] | Unreadable | None] = [None] * len(part)
-        if self.store.native_local and _NOWAIT:
+        if self.store.native_local and NOWAIT:
             raws = [fetch(i, cached_only=True) for i in part]
         waiting = [k for k, r in enumerate(raws) if r is None]
         if len(waiting) < 2:
@@ -586,6 +583,18 @@ class RowPages:
                 merged.append([off, off + size])
         return merged
 
+    def _in_page_cache(self, entry: dict, plan: _Plan) -> bool:
+        """Whether the first byte of the plan's first page is in the page cache (an unreadable file: as
+        if it were; its read says what is wrong)."""
+        try:
+            fd = os.open(self.store.abs(entry["path"]), os.O_RDONLY)
+        except OSError:
+            return True
+        try:
+            return in_page_cache(fd, min(plan.wanted)[0])
+        finally:
+            os.close(fd)
+
     def _announce(self, entry: dict, plan: _Plan) -> None:
         """Ask the kernel to start reading the plan's ranges now (a hint: errors are the read's to say)."""
         try:
@@ -593,10 +602,7 @@ class RowPages:
         except OSError:
             return
         try:
-            for a, b in self._merged(plan):
-                os.posix_fadvise(fd, a, b - a, os.POSIX_FADV_WILLNEED)
-        except OSError:
-            pass
+            will_need((fd, a, b - a) for a, b in self._merged(plan))
         finally:
             os.close(fd)
 

@@ -58,7 +58,7 @@ def _option(name: str) -> property:
 
 
 @dataclass(frozen=True)
-class LakeView:
+class ViewRegistration:
     """A DuckDB view over a lake's rows, ready to put on a connection (``apply``: two quick calls)."""
 
     source: str
@@ -387,7 +387,7 @@ class Lake:
         """
         self.view_of(view, run_id).apply(con)
 
-    def view_of(self, view: str = "cold", run_id: str | None = None) -> LakeView:
+    def view_of(self, view: str = "cold", run_id: str | None = None) -> ViewRegistration:
         """What ``register`` puts on a connection, read from the Delta log now (the slow part: a catalog
         reads it before it takes its connection's lock, ``Catalog.register_lake``)."""
         entries, docs = self._selected(run_id, None)  # pinned now, from the Delta log only
@@ -395,7 +395,7 @@ class Lake:
         # verified and built when a query reads the view, not here: an open binds views, reads no data
         dset = DeferredDataset.over(lambda: self.dataset_of(entries, full), full)
         source = f"__lakebuffer_{view}_dataset"
-        return LakeView(source, dset, render_sql("lake_view", view=_ident(view), source=_ident(source)))
+        return ViewRegistration(source, dset, render_sql("lake_view", view=_ident(view), source=_ident(source)))
 
     def prune_hint(self, where: str) -> str:
         """``where`` with redundant ``policy_bucket`` predicates ANDed for its top-level integer

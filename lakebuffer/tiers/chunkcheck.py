@@ -16,6 +16,7 @@ import threading
 
 import numpy as np
 
+from ..pagecache import will_need
 from .ipcread import LayoutError
 from .segfooter import Footer
 
@@ -68,11 +69,7 @@ class ChunkCheck:
     def announce(self, runs: list[tuple[int, int, int]]) -> None:
         """Ask the kernel to start reading ``runs`` now (``POSIX_FADV_WILLNEED``): the runs of a take
         are then read from the disk at once, not one after another as ``verify`` reaches them."""
-        try:
-            for _c, a, b in runs:
-                os.posix_fadvise(self.fd, a, b - a, os.POSIX_FADV_WILLNEED)
-        except OSError:
-            pass  # a hint only
+        will_need((self.fd, a, b - a) for _c, a, b in runs)
 
     def verify(self, runs: list[tuple[int, int, int]]) -> None:
         """Read and check ``runs``; remember the chunks that passed."""

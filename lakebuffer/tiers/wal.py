@@ -153,11 +153,9 @@ class WriteAheadLog:
                 return sum(self._sizes.values())
             changes = self._changes
         sizes = {}
-        for p in self.path.glob("*.arrow"):
-            if not p.stem.isdigit():
-                continue
+        for bid in self.ids():
             try:
-                sizes[int(p.stem)] = p.stat().st_size
+                sizes[bid] = self._segment(bid).stat().st_size
             except FileNotFoundError:  # removed by a write-back meanwhile
                 pass
         with self._sizes_lock:
