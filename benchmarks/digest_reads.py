@@ -26,7 +26,7 @@ from pathlib import Path
 import lakebuffer.lake.rowpages as rowpages
 from benchmarks import cold_scale as cs
 
-REAL_DIRECT = rowpages._direct_starts
+REAL_DIRECT = rowpages.direct_starts
 
 
 def _rchar() -> int:
@@ -54,7 +54,7 @@ def main() -> None:
         order = ["direct", "pages"] if r % 2 == 0 else ["pages", "direct"]
         got = {}
         for m in order:
-            rowpages._direct_starts = modes[m]
+            rowpages.direct_starts = modes[m]
             if a.evict_cache:
                 for url in (t.lake, t.lance, str(t.buf)):
                     cs.evict_cache(url)
@@ -69,7 +69,7 @@ def main() -> None:
                 times[m]["get_bytes"].append(nbytes)
                 times[m]["sample"].append(ds)
             assert s.num_rows > 0
-        rowpages._direct_starts = REAL_DIRECT
+        rowpages.direct_starts = REAL_DIRECT
         assert got["direct"].equals(got["pages"])
         if a.evict_cache:
             cs.evict_cache(t.lance)

@@ -1,4 +1,4 @@
-"""Issue 23: how a cold get checks and decompresses its pages (``lake/rowpages._bodies``).
+"""Issue 23: how a cold get checks and decompresses its pages (``lake/rowpages.page_bodies``).
 
 A 256-key get of a big lake reads ~256 compressed data pages (one per row). Each must pass its CRC and
 be decompressed. Measured on the same pages in one process (the lake's layout, ``--mb`` of generated
@@ -52,19 +52,19 @@ def capture_pages(mb: int, keys: int, seed: int) -> list[memoryview]:
     for f, r in picked:
         by_file.setdefault(f, []).append(r)
     got: list = []
-    real = rowpages._bodies
+    real = rowpages.page_bodies
 
     def keep(jobs: list, plans: list) -> dict:
         got.extend(raw for i, n, raw in jobs if plans[i].codecs[n] != rowpages.RAW)
         return real(jobs, plans)
 
-    rowpages._bodies = keep
+    rowpages.page_bodies = keep
     try:
         reader = rowpages.RowPages(LakeFS(str(tmp / "new")), 64 * MiB)
         reader.take_many([({"path": entries[f]["path"], "bytes": 0}, [""] * len(rs), np.array(sorted(rs)))
                           for f, rs in by_file.items()], COLS)
     finally:
-        rowpages._bodies = real
+        rowpages.page_bodies = real
     return got
 
 

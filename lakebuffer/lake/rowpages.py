@@ -39,10 +39,11 @@ import pyarrow as pa
 
 from ..pagecache import NOWAIT, in_page_cache, will_need
 from .fs import LakeFS
-from .pagedecode import Unreadable, assemble, decompress, dictionary_of, page_header, page_of
+from .pagedecode import Unreadable
 from .pagelayout import TAIL_BYTES, Layout, parse_layout
 from .prefetch import prefetch
 from .rowhash import HASH_COLUMN, mismatches
+from .rowplan import RAW, TakePlan, direct_starts, finish_together, page_bodies
 
 #: two page ranges of one file this close are read as one (a gap costs less than a request)
 MERGE_GAP = 16 * 1024
@@ -78,178 +79,6 @@ def _read_cached(fd: int, a: int, b: int) -> bytearray:
             raise WouldBlock  # part of it cached
         return buf[:n]
     return buf
-
-
-# reading ------------------------------------------------------------------------------------
-#: threads that CRC-check and decompress the pages of one get (native code without the GIL)
-BODY_THREADS = 2
-#: the codec mark of a plan's "page" that is one row's digest bytes, read raw (no header, no CRC)
-RAW = "raw"
-#: longest page header a direct digest read accepts (a page header of a data page v1/v2 with CRC and
-#: no statistics is ~20-40 bytes; more means the layout is not the one assumed: read the pages)
-MAX_HEADER = 512
-
-
-class _Plan:
-    """Which pages of one file a take reads, and how each asked row is found in them."""
-
-    def __init__(self, lay: Layout, cols: list[str], read: list[str]) -> None:
-        self.lay, self.cols, self.read = lay, cols, read
-        self.wanted: dict[tuple[int, int], int] = {}  # (offset, size) -> page number
-        self.codecs: dict[int, str | None] = {}
-        self.dict_of: dict[int, int] = {}  # page number -> the page number of its chunk's dictionary
-        self.rows: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # column -> (page of each row, row in it)
-        self.direct = False  # each row's ``_lb_hash`` is read as its own bytes (``RAW`` spans)
-
-    def numbers(self, spans: Any, codec: str | None) -> list[int]:
-        """The page number of each (offset, size) span, new ones numbered in order (pages without a
-        dictionary, and ``RAW`` digest spans: one call per column and row group)."""
-        wanted, codecs = self.wanted, self.codecs
-        out = []
-        for span in spans:
-            n = wanted.setdefault(span, len(wanted))
-            codecs[n] = codec
-            out.append(n)
-        return out
-
-    def page(self, span: tuple[int, int], codec: str | None, dictionary: tuple[int, int] | None) -> int:
-        n = self.wanted.setdefault(span, len(self.wanted))
-        self.codecs[n] = codec
-        if dictionary is not None:
-            a, b = dictionary
-            d = self.dict_of[n] = self.wanted.setdefault((a, b - a), len(self.wanted))
-            self.codecs[d] = codec
-        return n
-
-    def finish(self, bodies: dict[int, tuple[Any, np.ndarray] | Unreadable], keys: list[str]) -> pa.Table:
-        """The rows (``key`` + columns + ``_lb_hash``, unchecked) from the pages' bodies."""
-        return _finish_together([self], [bodies], [keys])
-
-
-def _finish_together(plans: list[_Plan], bodies: list[dict], keys: list[list[str]]) -> pa.Table:
-    """``_Plan.finish`` of several files' plans with the same columns and kinds, as one table: each
-    column's pages decoded once and its rows assembled in one pass (items in order)."""
-    base = np.cumsum([0] + [len(p.wanted) for p in plans])  # global page number = base[item] + page
-    bases = base.tolist()  # (bisect on a list: numpy's searchsorted per page cost ~5 ms a get)
-
-    def body(g: int) -> tuple[Any, np.ndarray]:
-        i = bisect.bisect_right(bases, g) - 1
-        got = bodies[i].get(g - bases[i])
-        if got is None or isinstance(got, Unreadable):
-            raise got or Unreadable("page not read")
-        return got
-
-    first = plans[0]
-    arrays = {}
-    for c in first.read:
-        leaf = first.lay.leaves[c]
-        page_ids = np.concatenate([p.rows[c][0] + base[i] for i, p in enumerate(plans)])
-        if c == HASH_COLUMN and first.direct:
-            arrays[c] = _raw_values(leaf.width, [body(g)[1] for g in page_ids.tolist()])
-            continue
-        local = np.concatenate([p.rows[c][1] for p in plans])
-        uniq, inv = np.unique(page_ids, return_inverse=True)
-        try:
-            dicts: dict[int, pa.Array] = {}
-            pages = []
-            for g in uniq.tolist():
-                i = bisect.bisect_right(bases, g) - 1
-                d = plans[i].dict_of.get(g - bases[i])
-                if d is not None and d + bases[i] not in dicts:
-                    dicts[d + bases[i]] = dictionary_of(*body(d + bases[i]))
-                pages.append(page_of(*body(g), leaf, None if d is None else dicts[d + bases[i]]))
-            sizes = np.array([len(pg.start) for pg in pages], np.int64)
-            if (local >= sizes[inv]).any():
-                raise Unreadable("row beyond its page")
-            arrays[c] = assemble(leaf, pages, inv, local)
-        except Unreadable:
-            raise
-        except Exception as e:  # noqa: BLE001 - bytes that do not decode
-            raise Unreadable(f"column {c}: {type(e).__name__}: {e}") from e
-    arrays["key"] = pa.array([k for ks in keys for k in ks], pa.string())
-    return pa.table({c: arrays[c] for c in [*first.cols, HASH_COLUMN]})
-
-
-def _raw_values(width: int, spans: list[memoryview]) -> pa.Array:
-    """The ``fixed_size_binary(width)`` array of rows' raw value bytes, in order."""
-    data = b"".join(spans)
-    if len(data) != width * len(spans):
-        raise Unreadable("digest bytes cut short")
-    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), len(spans), [None, pa.py_buffer(data)])
-
-
-def _direct_starts(lay: Layout, groups: list[int]) -> dict[int, np.ndarray] | None:
-    """Per row group, where each ``_lb_hash`` page's values start, when the file stores them so that a
-    row's digest is at a computed offset (uncompressed, PLAIN, required fixed-width values: a page is
-    its header then rows x width bytes); else None (read the pages)."""
-    leaf = lay.leaves.get(HASH_COLUMN)
-    if leaf is None or leaf.field_optional or leaf.is_list or leaf.width <= 0:
-        return None
-    out = {}
-    for g in groups:
-        ch = lay.chunks[g].get(HASH_COLUMN)
-        starts = None if ch is None else ch.plain_value_starts(
-            int(lay.row_starts[g + 1] - lay.row_starts[g]), leaf.width, MAX_HEADER)
-        if starts is None:
-            return None
-        out[g] = starts
-    return out
-
-
-def _bodies(jobs: list[tuple[int, int, memoryview]], plans: list) -> dict[int, dict]:
-    """(header, uncompressed body) of every (item, page number, raw bytes): {item: {page number:
-    (header, body) or Unreadable}}. Headers and CRCs in this thread, then the compressed bodies decompressed on
-    ``BODY_THREADS`` threads split by bytes, with nothing but the native call in their loop (a page's
-    Python under the GIL between two threads' native calls cost more than it did alone:
-    ``benchmarks/page_bodies.py``, 0.71x the time). The digest spans, ``RAW``, are passed through."""
-    from .runtime import native_call
-
-    out: dict[int, dict] = {i: {} for i, _n, _r in jobs}
-    packed = []
-    for i, n, raw in jobs:
-        codec = plans[i].codecs[n]
-        if codec == RAW:
-            out[i][n] = (None, raw)
-            continue
-        try:
-            ph, comp = page_header(raw)
-        except Unreadable as e:
-            out[i][n] = e
-            continue
-        except Exception as e:  # noqa: BLE001 - a header that does not decode
-            out[i][n] = Unreadable(f"{type(e).__name__}: {e}")
-            continue
-        if codec is None:
-            out[i][n] = (ph, comp)
-        else:
-            packed.append((i, n, ph, comp, codec))
-
-    def run(part: list[tuple[int, int, Any, np.ndarray, str]]) -> None:
-        with native_call("decompressing lake pages"):
-            for i, n, ph, comp, codec in part:
-                try:
-                    out[i][n] = (ph, decompress(ph, comp, codec))
-                except Exception as e:  # noqa: BLE001 - a body that does not decompress
-                    out[i][n] = Unreadable(f"{type(e).__name__}: {e}")
-
-    threads = BODY_THREADS
-    if len(packed) < 8 or threads < 2:
-        run(packed)
-        return out
-    # largest first, each to the least loaded thread
-    parts: list[list[tuple[int, int, Any, np.ndarray, str]]] = [[] for _ in range(threads)]
-    loads = [0] * threads
-    for job in sorted(packed, key=lambda j: -len(j[3])):
-        k = loads.index(min(loads))
-        parts[k].append(job)
-        loads[k] += len(job[3])
-    workers = [threading.Thread(target=run, args=(p,), name="lakebuffer-pages", daemon=True) for p in parts[1:]]
-    for w in workers:
-        w.start()
-    run(parts[0])
-    for w in workers:
-        w.join()
-    return out
 
 
 class RowPages:
@@ -426,7 +255,7 @@ class RowPages:
                     groups.setdefault(sig, []).append(i)
             for members in groups.values():
                 try:
-                    table = _finish_together([plans[i] for i in members], [bodies.get(i, {}) for i in members],  # type: ignore[misc]
+                    table = finish_together([plans[i] for i in members], [bodies.get(i, {}) for i in members],  # type: ignore[misc]
                                              [items[i][1] for i in members])
                     out.append((members, table, list(plans[members[0]].lay.hashed or [])))  # type: ignore[union-attr]
                     continue
@@ -442,9 +271,9 @@ class RowPages:
         return out, errors
 
     def _plans(self, items: list[tuple[dict, list[str], np.ndarray]], columns: list[str]
-               ) -> tuple[list[_Plan | None], dict[int, Unreadable]]:
+               ) -> tuple[list[TakePlan | None], dict[int, Unreadable]]:
         errors: dict[int, Unreadable] = {}
-        plans: list[_Plan | None] = []
+        plans: list[TakePlan | None] = []
         for i, (entry, keys, rows) in enumerate(items):
             try:
                 plans.append(self._plan(entry, keys, rows, columns))
@@ -454,7 +283,7 @@ class RowPages:
         return plans, errors
 
     @staticmethod
-    def _parts(plans: list[_Plan | None], errors: dict[int, Unreadable], limit: int | None = None) -> list[list[int]]:
+    def _parts(plans: list[TakePlan | None], errors: dict[int, Unreadable], limit: int | None = None) -> list[list[int]]:
         """The planned items in runs of at most ``limit`` (``PART_BYTES``) bytes of pages (one item may
         exceed it alone)."""
         limit = PART_BYTES if limit is None else limit
@@ -471,7 +300,7 @@ class RowPages:
             held += size
         return [p for p in parts if p]
 
-    def _read_parts(self, items: list[tuple[dict, list[str], np.ndarray]], plans: list[_Plan | None],
+    def _read_parts(self, items: list[tuple[dict, list[str], np.ndarray]], plans: list[TakePlan | None],
                     errors: dict[int, Unreadable]) -> Iterator[list[int]]:
         """The parts a take reads one after another: of ``PART_BYTES`` (memory), or, when local files'
         pages are not in the page cache, of ``OVERLAP_BYTES``, each announced ``ANNOUNCE_AHEAD`` bytes
@@ -494,7 +323,7 @@ class RowPages:
                 told += 1
             yield part
 
-    def _bodies_of(self, items: list[tuple[dict, list[str], np.ndarray]], plans: list[_Plan | None],
+    def _bodies_of(self, items: list[tuple[dict, list[str], np.ndarray]], plans: list[TakePlan | None],
                    part: list[int], errors: dict[int, Unreadable]) -> dict[int, dict]:
         """Read and decompress the pages of the items of ``part``: {item: {page: (header, body)}}.
         Pages are read file by file (on an object store ``FETCH_THREADS`` files at once), then
@@ -527,9 +356,9 @@ class RowPages:
                 errors[i] = raw
             else:
                 jobs.extend((i, n, r) for n, r in enumerate(raw))
-        return _bodies(jobs, plans)
+        return page_bodies(jobs, plans)
 
-    def _plan(self, entry: dict, keys: list[str], rows: np.ndarray, columns: list[str]) -> _Plan:
+    def _plan(self, entry: dict, keys: list[str], rows: np.ndarray, columns: list[str]) -> TakePlan:
         lay = self.layout(entry)
         if lay.hashed is None:
             raise Unreadable("no row digests")
@@ -541,9 +370,9 @@ class RowPages:
             raise Unreadable("row beyond the file")
         rg = lay.row_starts.searchsorted(rows, "right") - 1
         in_rg = rows - lay.row_starts[rg]
-        plan = _Plan(lay, cols, read)
+        plan = TakePlan(lay, cols, read)
         groups = sorted(set(rg.tolist()))
-        direct = _direct_starts(lay, groups)
+        direct = direct_starts(lay, groups)
         plan.direct = direct is not None
         # which page of each column holds each row; one read per distinct page (adjacent ones merged)
         for c in read:
@@ -572,7 +401,7 @@ class RowPages:
             plan.rows[c] = (page_ids, local)
         return plan
 
-    def _merged(self, plan: _Plan) -> list[list[int]]:
+    def _merged(self, plan: TakePlan) -> list[list[int]]:
         """The plan's page ranges in file order, those closer than the merge gap joined."""
         merged: list[list[int]] = []
         gap = MERGE_GAP if self.store.native_local else OBJECT_MERGE_GAP
@@ -583,7 +412,7 @@ class RowPages:
                 merged.append([off, off + size])
         return merged
 
-    def _in_page_cache(self, entry: dict, plan: _Plan) -> bool:
+    def _in_page_cache(self, entry: dict, plan: TakePlan) -> bool:
         """Whether the first byte of the plan's first page is in the page cache (an unreadable file: as
         if it were; its read says what is wrong)."""
         try:
@@ -595,7 +424,7 @@ class RowPages:
         finally:
             os.close(fd)
 
-    def _announce(self, entry: dict, plan: _Plan) -> None:
+    def _announce(self, entry: dict, plan: TakePlan) -> None:
         """Ask the kernel to start reading the plan's ranges now (a hint: errors are the read's to say)."""
         try:
             fd = os.open(self.store.abs(entry["path"]), os.O_RDONLY)
@@ -606,7 +435,7 @@ class RowPages:
         finally:
             os.close(fd)
 
-    def _fetch(self, entry: dict, plan: _Plan, cached_only: bool = False) -> list[memoryview]:
+    def _fetch(self, entry: dict, plan: TakePlan, cached_only: bool = False) -> list[memoryview]:
         """The raw bytes of the plan's pages, in page-number order (adjacent ranges read as one);
         ``cached_only``: ``WouldBlock`` unless the page cache holds them all."""
         merged = self._merged(plan)
