@@ -41,9 +41,9 @@ from .engine.replays import ReplayLog
 from .engine.retention import Retention
 from .engine.snapshots import PENDING, RESTORING, Snapshots, lake_settings, open_lake
 from .engine.state import BufferState
-from .engine.tasks import TaskQueue
+from .engine.tasks import P1, TaskQueue
 from .engine.writeback import WriteBack
-from .errors import ClosedError, LakeError, OptionError, SchemaError, StorageError
+from .errors import ClosedError, LakeBufferError, LakeError, OptionError, SchemaError, StorageError
 from .index import KeyIndex
 from .lake.pages import cache_bytes_for
 from .options import BufferOptions
@@ -235,11 +235,26 @@ class ReplayBuffer:
             self.index.put_setting("restored_from", self.lake_url.encode())
         self._snapshots.refresh_cold()
         self._warm_resumed(o)
+        self._read_layouts_ahead()
         self._snapshots.start_timer()
 
     def _lake_overdue(self, timeout_s: float | None) -> LakeError:
         return LakeError(f"cannot reach lake {self.lake_url}: no answer within lake_timeout_s={timeout_s} s "
                          "while opening it; check the endpoint and network (or raise lake_timeout_s), then open again")
+
+    def _read_layouts_ahead(self) -> None:
+        """The cold files' page layouts read in the background, so the first cold call after an open
+        does not read them (best effort: a file it cannot read is left for the take that asks)."""
+        cold, tasks = self._state.cold, self.tasks
+        if cold is None or not cold.batch_ids():
+            return
+
+        def read() -> None:
+            try:
+                cold.read_layouts_ahead(stop=lambda: tasks.stopping)  # a close does not wait for all of it
+            except LakeBufferError:  # the lake unreachable or gone: the first read reports it
+                pass
+        tasks.submit(P1, read, name="cold layouts ahead", surface=False)
 
     def _warm_resumed(self, o: BufferOptions) -> None:
         """``restore="lazy"`` (and ``"eager"``, from its local copies): warm the resumed run's cold batches

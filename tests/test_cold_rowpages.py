@@ -398,3 +398,67 @@ def test_a_cached_read_returns_the_bytes_or_refuses(tmp_path):
     reader = RowPages(LakeFS(str(tmp_path)), 1 << 20)
     with pytest.raises(Unreadable, match="shorter"):
         reader._read_ranges("f", [(99_000, 120_000)], cached_only=True)
+
+
+def test_a_reopened_buffer_reads_its_cold_layouts_ahead_so_its_first_get_reads_none(tmp_path, monkeypatch):
+    import lakebuffer.lake.rowpages as rowpages
+
+    lake = str(tmp_path / "lake")
+    with _cold_buffer(tmp_path / "buf", lake) as buf:
+        ref = _fill(buf, batches=16)
+    reads: list[str] = []
+    real = rowpages.RowPages._read_layout
+    monkeypatch.setattr(rowpages.RowPages, "_read_layout",
+                        lambda self, entry, rel: reads.append(rel) or real(self, entry, rel))
+    with _cold_buffer(tmp_path / "buf", lake) as buf:
+        assert buf._state.tasks.barrier(timeout=60)  # the open's read-ahead has run
+        ahead = len(reads)
+        files = buf._state.cold.stats()["files"]
+        assert ahead == files > 1, (ahead, files)  # every cold file once (they fit the cache)
+        reader = next(iter(buf._state.cold._page_readers.values())).rows
+        assert 0 < reader.held_bytes() <= rowpages.READ_AHEAD_SHARE * reader.cache_bytes
+        _check_buffer_get(buf, ref)
+        assert len(reads) == ahead  # the get read no footer or offset index of its own
+
+
+def test_read_ahead_stops_at_its_share_of_the_cache(tmp_path):
+    for i in range(12):
+        _write(tmp_path / f"f{i}.parquet", _table(200, seed=i))
+    entries = [_entry(tmp_path, f"f{i}.parquet") for i in range(12)]
+    size = RowPages(LakeFS(str(tmp_path)), 1 << 30).layout(entries[0]).nbytes
+    reader = RowPages(LakeFS(str(tmp_path)), 4 * size)
+    import lakebuffer.lake.rowpages as rowpages
+
+    read = rowpages.READ_AHEAD_FILES
+    try:
+        rowpages.READ_AHEAD_FILES = 2
+        n = reader.read_ahead(entries, share=0.5)
+    finally:
+        rowpages.READ_AHEAD_FILES = read
+    assert n == 2 and reader.held_bytes() <= 4 * size  # 2 files fill half the cache: it stops there
+    assert RowPages(LakeFS(str(tmp_path)), 1 << 30).read_ahead(entries) == 12
+
+
+def test_a_layout_two_threads_ask_for_at_once_is_read_once(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    import lakebuffer.lake.rowpages as rowpages
+
+    _write(tmp_path / "f.parquet", _table(200))
+    reader = RowPages(LakeFS(str(tmp_path)), 1 << 30)
+    calls = []
+    real = rowpages.RowPages._read_layout
+
+    def slow(self, entry, rel):
+        calls.append(rel)
+        time.sleep(0.2)  # the second thread asks while this read runs
+        return real(self, entry, rel)
+    monkeypatch.setattr(rowpages.RowPages, "_read_layout", slow)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(reader.layout(_entry(tmp_path, "f.parquet")))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and len(got) == 2 and got[0] is got[1]

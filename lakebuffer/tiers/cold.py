@@ -335,6 +335,22 @@ class ColdTier:
             raise StaleLocation("a row is not the one its location named")
         return out.select(columns).cast(schema)
 
+    def read_layouts_ahead(self, stop: Callable[[], bool] = lambda: False) -> int:
+        """Read the page layouts (footer, offset indexes) of the lake files cold rows are in, newest
+        first, into the page reader's cache (up to ``READ_AHEAD_SHARE`` of it), before a take asks: the
+        open calls this in the background. How many files' layouts were read."""
+        with self._lock:
+            entries = list(self._referenced.values())[::-1]
+            mirror = self.mirror
+        if mirror is not None:  # mirrored files are read from their local copies, through another reader
+            entries = [e for e in entries if not mirror.has(e["path"])]
+        if not entries:
+            return 0
+        lake = self._lake()
+        if not PageReader.supports(lake.store):
+            return 0
+        return self._pages(lake).rows.read_ahead(entries, stop=stop)
+
     def _pages(self, lake: Any) -> PageReader:
         """The page reader of the lake now served (one per lake store; a reopened lake gets a new one)."""
         with self._lock:
