@@ -74,6 +74,13 @@ def _ctrl_spans(ctrl: Any) -> None:
     for name in ("set_custom_meta", "kv_retrieve_meta", "update_production_status", "get_metadata"):
         if hasattr(ctrl, name):
             wrap(ctrl, name, f"ctrl.{name}")
+    if getattr(ctrl, "_lakebuffer_journal", None) is not None:  # the journal's parts (LakeBuffer only)
+        import lakebuffer.integrations.tq_controller as tc
+        import lakebuffer.integrations.tq_journal_log as jl
+
+        wrap(tc, "_state", "ctrl.journal > _state (per sample)")
+        wrap(jl.SegmentWriter, "append", "ctrl.journal > append")
+        wrap(jl, "frame_of", "ctrl.journal > append > frame_of")
 
 
 def _install(actor_self: Any, fn: Any) -> None:

@@ -20,6 +20,7 @@ import html
 import logging
 import os
 import shutil
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -185,11 +186,12 @@ class ReplayBuffer:
                                 memory_limit_bytes=max(self.memory_limit_bytes // 2, QUERY_MEMORY_FLOOR), spill_dir=spill)
         # two workers: a long snapshot upload (p0) must not stall write-back (p1), or pushes would block
         self.tasks = TaskQueue(workers=2)
+        self._layouts_stop = threading.Event()  # set by close: reading cold layouts ahead ends early
         self._state = s = BufferState(
             path=self.path, run_id=self.run_id, schema=self.schema, meta_columns=self.meta_columns,
             durability=o.durability, index=self.index, hot=HotTier(self.schema, EvictionPolicy(o.evict, frozenset(self.meta_columns))),
             warm=WarmTier(warm_path(self.path), self.schema, sync=o.sync),
-            wal=WriteAheadLog(self.path / "wal", sync=o.sync), catalog=self._catalog, tasks=self.tasks,
+            wal=WriteAheadLog(self.path / "wal", sync=o.sync, spares=True), catalog=self._catalog, tasks=self.tasks,
         )
         self.hot, self.warm, self.wal, self._batches = s.hot, s.warm, s.wal, s.batches
         # the metadata catalog and the cold tier's footer cache share the budget with the hot tier
@@ -203,6 +205,8 @@ class ReplayBuffer:
         s.cold = ColdTier(self._snapshots.current_lake, self.run_id, self.schema,
                           cache_bytes=cache_bytes_for(self.memory_limit_bytes))
         s.cold.mirror = self._snapshots.mirror = LocalMirror(self.path / "mirror")  # restore="eager"'s copies
+        if o.disk_limit_bytes is not None:  # spare WAL files may take 1/16 of the disk budget at most
+            s.wal.spare_limit_bytes = min(s.wal.spare_limit_bytes, o.disk_limit_bytes // 16)
         self._disk = DiskBudget(s, s.cold, o.disk_limit_bytes, o.disk_free_floor_bytes,
                                 snapshot=self._snapshots.snapshot_now)
         self._snapshots.disk_short = self._disk.short
@@ -245,16 +249,16 @@ class ReplayBuffer:
     def _read_layouts_ahead(self) -> None:
         """The cold files' page layouts read in the background, so the first cold call after an open
         does not read them (best effort: a file it cannot read is left for the take that asks)."""
-        cold, tasks = self._state.cold, self.tasks
+        cold, stop = self._state.cold, self._layouts_stop
         if cold is None or not cold.batch_ids():
             return
 
         def read() -> None:
             try:
-                cold.read_layouts_ahead(stop=lambda: tasks.stopping)  # a close does not wait for all of it
+                cold.read_layouts_ahead(stop=stop.is_set)  # a close does not wait for all of it
             except LakeBufferError:  # the lake unreachable or gone: the first read reports it
                 pass
-        tasks.submit(P1, read, name="cold layouts ahead", surface=False)
+        self.tasks.submit(P1, read, name="cold layouts ahead", surface=False)
 
     def _warm_resumed(self, o: BufferOptions) -> None:
         """``restore="lazy"`` (and ``"eager"``, from its local copies): warm the resumed run's cold batches
@@ -529,6 +533,7 @@ class ReplayBuffer:
         try:
             self._snapshots.stop_timer()
             self._promotion.stop()  # queued warming is optional: the rows stay cold, close does not wait for it
+            self._layouts_stop.set()  # ... nor does reading layouts ahead
             self.tasks.drain()
             if self.durability == "memory":
                 self.evict_all()
@@ -539,6 +544,7 @@ class ReplayBuffer:
                     log.warning("final snapshot on close failed (data is safe locally): %s", e)
             self.tasks.close()
             self.tasks.check()
+            self.wal.drop_spares()
         finally:
             self._closed = True
             try:

@@ -151,6 +151,7 @@ class DiskBudget:
     def _relieve_ahead(self) -> None:
         try:
             low = int(LOW_WATER * self.limit)
+            self.s.wal.drop_spares()
             self._drop_mirror(lambda: self.usage() > low)
             for frag, infos in self.droppable():
                 if self.usage() <= low:
@@ -237,7 +238,10 @@ class DiskBudget:
         """Move committed fragments to the cold tier until ``extra`` more bytes fit; bytes freed."""
         if not self.short(extra):
             return 0
-        freed = self._drop_mirror(lambda: self.short(extra) > 0)
+        freed = self.s.wal.drop_spares()  # removed segments kept to be written over: the first to go
+        if not self.short(extra):
+            return freed
+        freed += self._drop_mirror(lambda: self.short(extra) > 0)
         for frag, infos in self.droppable():
             need = self.short(extra)
             if not need:

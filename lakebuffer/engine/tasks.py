@@ -213,11 +213,6 @@ class TaskQueue:
                 "p1_latency": self._latency[1].summary(),
             }
 
-    @property
-    def stopping(self) -> bool:
-        """``close`` (or ``abandon``) has begun: a long best-effort task should end early."""
-        return self._stopping
-
     def abandon(self) -> None:
         """The exit hook's stop (``lakebuffer/lake/runtime.py``): drop queued tasks, let the running one
         finish, stop the workers. Dropped work is durable locally (WAL, warm tier) and redone at the next
