@@ -34,6 +34,9 @@ def batch(L: int, seed: int) -> pa.Table:
     return pa.table({
         "key": pa.array([f"b{seed}-{i}" for i in range(16)], pa.string()),
         "prompt_id": pa.array([f"p{seed}"] * 16, pa.string()),
+        "policy_version": pa.array(np.full(16, seed, np.int64)),
+        "prompt_ids": pa.ListArray.from_arrays(pa.array(np.arange(0, 17 * 64, 64, dtype=np.int32)),
+                                               pa.array(rng.integers(0, 150_000, 16 * 64), pa.int32())),
         "response_ids": pa.ListArray.from_arrays(offsets, pa.array(rng.integers(0, 150_000, 16 * L), pa.int32())),
         "response_logprobs": pa.ListArray.from_arrays(offsets, pa.array(-rng.random(16 * L, dtype=np.float32))),
         "reward": pa.array(rng.random(16, dtype=np.float32)),
