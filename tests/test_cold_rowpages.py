@@ -437,6 +437,8 @@ def test_read_ahead_stops_at_its_share_of_the_cache(tmp_path):
         rowpages.READ_AHEAD_FILES = read
     assert n == 2 and reader.held_bytes() <= 4 * size  # 2 files fill half the cache: it stops there
     assert RowPages(LakeFS(str(tmp_path)), 1 << 30).read_ahead(entries) == 12
+    one = RowPages(LakeFS(str(tmp_path)), 1 << 30)
+    assert one.read_ahead(entries[:1]) == 1 and one.held_bytes() == size  # a lone file is read too
 
 
 def test_a_layout_two_threads_ask_for_at_once_is_read_once(tmp_path, monkeypatch):
@@ -462,3 +464,22 @@ def test_a_layout_two_threads_ask_for_at_once_is_read_once(tmp_path, monkeypatch
     for t in threads:
         t.join()
     assert len(calls) == 1 and len(got) == 2 and got[0] is got[1]
+
+
+def test_read_ahead_stops_when_a_whole_step_reads_nothing(tmp_path, monkeypatch):
+    """An unreachable or damaged lake: one step of failed reads, then it gives up (a close never waits
+    for a read-ahead trying every file)."""
+    import lakebuffer.lake.rowpages as rowpages
+
+    for i in range(6):
+        _write(tmp_path / f"f{i}.parquet", _table(50, seed=i))
+    entries = [_entry(tmp_path, f"f{i}.parquet") for i in range(6)]
+    reader = RowPages(LakeFS(str(tmp_path)), 1 << 30)
+    tried = []
+
+    def down(self, entry, rel):
+        tried.append(rel)
+        raise Unreadable("the lake is unreachable")
+    monkeypatch.setattr(rowpages.RowPages, "_read_layout", down)
+    monkeypatch.setattr(rowpages, "READ_AHEAD_FILES", 2)
+    assert reader.read_ahead(entries) == 2 and len(tried) == 2 and reader.held_bytes() == 0

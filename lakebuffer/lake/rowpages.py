@@ -210,11 +210,20 @@ class RowPages:
         ~70 footers and offset indexes from disk (8 GB lake: 63 of its 128 ms)."""
         done = 0
         for a in range(0, len(entries), READ_AHEAD_FILES):
-            if self.held_bytes() >= share * self.cache_bytes or stop():
+            held = self.held_bytes()
+            if held >= share * self.cache_bytes or stop():
                 break
             chunk = entries[a:a + READ_AHEAD_FILES]
-            self.prepare(chunk)
+            if len(chunk) == 1:  # (``prepare`` leaves a single file to its take)
+                try:
+                    self.layout(chunk[0])
+                except Unreadable:
+                    pass
+            else:
+                self.prepare(chunk)
             done += len(chunk)
+            if self.held_bytes() == held:  # nothing of a whole step could be read (the lake is down?): stop
+                break
         return done
 
     def forget(self, rel: str) -> None:
