@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -176,6 +177,10 @@ class PageReader:
         with self._lock:
             todo = [e for e in entries if e["path"] not in self._tables]
         prefetch(todo, self._table, PREPARE_THREADS, "lakebuffer-footers", (Exception,))
+
+    def read_ahead(self, entries: list[dict], stop: Callable[[], bool]) -> int:
+        """Read the row reader's layouts of ``entries`` before any take asks (``RowPages.read_ahead``)."""
+        return self.rows.read_ahead(entries, stop=stop)
 
     def _by_rows(self, entry: dict) -> bool:
         try:

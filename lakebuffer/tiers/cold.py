@@ -349,7 +349,7 @@ class ColdTier:
         lake = self._lake()
         if not PageReader.supports(lake.store):
             return 0
-        return self._pages(lake).rows.read_ahead(entries, stop=stop)
+        return self._pages(lake).read_ahead(entries, stop=stop)
 
     def _pages(self, lake: Any) -> PageReader:
         """The page reader of the lake now served (one per lake store; a reopened lake gets a new one)."""
