@@ -56,3 +56,26 @@ def test_too_little_committed_starts_a_snapshot_ahead(tmp_path):
         assert buf.stats()["disk"]["pushes_waited"] == 0
     with lb.ReplayBuffer.open_lake(str(tmp_path / "lake")) as view:
         assert len(view) > 0
+
+
+def test_a_push_lists_the_index_directory_at_most_once_a_second_and_stats_every_time(tmp_path, monkeypatch):
+    """The key index's bytes count in the budget; a push's checks reuse a listing younger than
+    ``INDEX_BYTES_TTL_S`` (it cost a push ~10% at 8 GB), ``stats`` lists it fresh."""
+    import lakebuffer.engine.diskbudget as diskbudget
+
+    listed = []
+    real = diskbudget.dir_bytes
+    monkeypatch.setattr(diskbudget, "dir_bytes", lambda p: listed.append(p) or real(p))
+    monkeypatch.setattr(diskbudget, "INDEX_BYTES_TTL_S", 3600.0)
+    with lb.ReplayBuffer.open(tmp_path / "b", memory_limit_mb=64, disk_limit_gb=1, disk_free_floor_gb=0) as buf:
+        buf.push(make_rollouts(16, seed=0))
+        before = len(listed)
+        for seed in range(1, 6):
+            buf.push(make_rollouts(16, seed=seed))
+        assert len(listed) == before  # five pushes, no listing
+        used = buf.stats()["disk"]["used_bytes"]
+        assert len(listed) == before + 1
+        assert used == buf._disk.usage(fresh=True) > 0
+        monkeypatch.setattr(diskbudget, "INDEX_BYTES_TTL_S", 0.0)
+        buf.push(make_rollouts(16, seed=9))
+        assert len(listed) > before + 2  # past the TTL: each check lists again
