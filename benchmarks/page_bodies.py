@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import statistics
 import struct
 import tempfile
@@ -65,6 +66,7 @@ def capture_pages(mb: int, keys: int, seed: int) -> list[memoryview]:
                           for f, rs in by_file.items()], COLS)
     finally:
         rowpages.page_bodies = real
+        shutil.rmtree(tmp, ignore_errors=True)  # the pages are copied out (``got``): the files can go
     return got
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -75,6 +76,13 @@ def main() -> None:
     ap.add_argument("--lengths", default="4096,16384")
     a = ap.parse_args()
     root = Path(tempfile.mkdtemp(dir=os.environ.get("BENCH_DIR", "/work" if os.path.isdir("/work") else None)))
+    try:
+        run(root, a)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def run(root: Path, a: argparse.Namespace) -> None:
     variants = {"spares": True, "new files": False}
     print(f"load {os.getloadavg()[0]:.2f}; {a.blocks} alternated blocks of {a.per_block} pushes per variant")
     for L in [int(x) for x in a.lengths.split(",")]:

@@ -50,9 +50,13 @@ def fsspec_options(so: dict[str, str]) -> dict:
 
 
 def run_children(targets: list[tuple[str, dict[str, str]]], n: int, *, unsafe: bool = False, parallel: int = PARALLEL,
-                 thread: str = "daemon", buffer_every: int = BUFFER_EVERY) -> list[dict]:
-    """Run ``n`` children over the targets, exit modes and imports in turn; one result dict each."""
+                 thread: str = "daemon", buffer_every: int = BUFFER_EVERY, scratch: Path | None = None) -> list[dict]:
+    """Run ``n`` children over the targets, exit modes and imports in turn; one result dict each.
+    ``scratch``: the children's temporary directory (their buffer directories go there, not in /tmp)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    if scratch is not None:
+        scratch.mkdir(parents=True, exist_ok=True)
+        env["TMPDIR"] = str(scratch)
     s3 = [so for _, so in targets if so]
     if s3:  # delta-rs reads AWS_* from the environment too
         env |= {k: v for k, v in s3[0].items()}
@@ -93,7 +97,7 @@ def summary(results: list[dict]) -> dict:
 def test_short_processes_exit_cleanly(tmp_path, s3_server, s3_bucket, n) -> None:
     so = delta_storage_options(s3_server.direct_endpoint_url)
     targets = [(str(tmp_path / "lake"), {}), (f"{s3_bucket}/lake", so)]
-    results = run_children(targets, n)
+    results = run_children(targets, n, scratch=tmp_path / "scratch")
     bad = [r for r in results if r["bad"]]
     assert not bad, f"{summary(results)}; first failure: {bad[0]}"
 
