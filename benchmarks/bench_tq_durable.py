@@ -19,6 +19,8 @@ difference of the two.
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -124,7 +126,6 @@ def restore_fresh(n: int, runs: int) -> None:
     """SIGKILL of a whole job holding ``n`` keys, then tq.init in a fresh process and Ray: LakeBuffer
     against SimpleStorage's own fresh start (Ray + its controller and storage actors), alternated."""
     import json
-    import os
     import signal
     import subprocess
     import sys
@@ -165,6 +166,7 @@ def restore_fresh(n: int, runs: int) -> None:
     beyond = med["LakeBuffer"]["to_first_sample_s"] - med["SimpleStorage"]["to_first_sample_s"]
     print(f"  LakeBuffer's restore of {n} keys beyond SimpleStorage's own start: {beyond:.2f} s "
           f"(target <= 3 s)", flush=True)
+    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
 
 def main() -> None:
@@ -182,7 +184,6 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=2, help="SimpleStorage / LakeBuffer blocks, alternated")
     a = ap.parse_args()
 
-    import os
 
     import ray
     import transfer_queue as tq
@@ -219,6 +220,7 @@ def main() -> None:
               flush=True)
     lbtq.close_store(cfg)
     ray.shutdown()
+    shutil.rmtree(os.path.dirname(cfg["path"]), ignore_errors=True)
     if a.restore_keys:
         restore_fresh(a.restore_keys, a.restore_runs)
 

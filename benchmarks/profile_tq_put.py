@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -184,7 +186,6 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=4096)
     a = ap.parse_args()
 
-    import os
 
     import ray
     import transfer_queue as tq
@@ -211,6 +212,7 @@ def main() -> None:
     tq.close()
     lbtq.close_store(cfg)
     ray.shutdown()
+    shutil.rmtree(os.path.dirname(cfg["path"]), ignore_errors=True)
 
 
 if __name__ == "__main__":
