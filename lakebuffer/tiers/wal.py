@@ -13,7 +13,7 @@ Spare files: a removed segment that nothing else links (a warm fragment adopts a
 link: that one is only unlinked) is kept, up to ``SPARE_FILES`` / ``SPARE_BYTES``, as ``*.walspare``,
 and the next segment is written over it (renamed to its ``.tmp`` first, then cut to its own length).
 Why: ext4 writes into a file's allocated blocks several times faster than it allocates new ones
-(``benchmarks/wal_spares.py``): the durable write is most of what a push adds to an in-memory store.
+(``benchmarks/wal_spares.py``: 2 MB in 0.07 vs 0.32 ms; a TransferQueue-shaped push 0.91-0.99x).
 Spares hold no acknowledged rows (their bytes are the removed segments'), count in ``nbytes`` (the
 disk budget), are dropped first when the disk is short (``drop_spares``), at close, and at open
 (``remove_torn``).
