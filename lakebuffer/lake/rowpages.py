@@ -151,30 +151,32 @@ class RowPages:
     def layout(self, entry: dict) -> Layout:
         """The file's layout (read once, kept within ``cache_bytes``); ``Unreadable`` if it cannot be."""
         rel = entry["path"]
-        while True:  # a layout another thread is reading (a take, the read-ahead) is waited for, not read twice
-            with self._lock:
-                got = self._layouts.get(rel)
-                if got is not None:
-                    self._layouts.move_to_end(rel)
-                    return got
-                busy = self._loading.get(rel)
-                if busy is None:
-                    done = self._loading[rel] = threading.Event()
-                    break
+        with self._lock:
+            got = self._held_layout(rel)
+            if got is not None:
+                return got
+            busy = self._loading.get(rel)
+            if busy is None:
+                done = self._loading[rel] = threading.Event()
+        if busy is not None:  # another thread (a take, the read-ahead) is reading it: waited for, not read twice
             busy.wait()
             with self._lock:
-                if rel not in self._layouts:  # it failed there (or was dropped at once): read it here
-                    busy = None
-            if busy is None:
-                done = threading.Event()
-                break
+                got = self._held_layout(rel)
+            # (None: it failed there, or left the cache at once: read it here)
+            return got if got is not None else self._read_layout(entry, rel)
         try:
             return self._read_layout(entry, rel)
         finally:
             with self._lock:
-                if self._loading.get(rel) is done:
-                    del self._loading[rel]
+                del self._loading[rel]
             done.set()
+
+    def _held_layout(self, rel: str) -> Layout | None:
+        """The cached layout (marked recently used), or None; the caller holds the lock."""
+        got = self._layouts.get(rel)
+        if got is not None:
+            self._layouts.move_to_end(rel)
+        return got
 
     def _read_layout(self, entry: dict, rel: str) -> Layout:
         size = int(entry.get("bytes") or 0)
