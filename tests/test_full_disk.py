@@ -125,3 +125,31 @@ def test_a_restore_into_a_full_disk_loses_nothing_and_releases_the_directory(sma
         assert buf.get(keys, columns=["key"]).column("key").to_pylist() == keys
     shutil.rmtree(d)
     small_fs.unmount()
+
+
+def test_a_full_disk_while_a_segment_is_written_over_a_spare_is_a_clear_error_and_leaves_nothing(small_fs):
+    """The WAL writes a segment over a removed one (a spare file) and the disk fills while it grows past
+    the spare's size: ``DiskFullError``, no segment and no ``.tmp`` left, the other segments intact."""
+    from lakebuffer.tiers.wal import SPARE_SUFFIX, WriteAheadLog
+
+    wal = WriteAheadLog(small_fs.where / "wal", spares=True)
+    bid, err = 0, None
+    while err is None:
+        bid += 1
+        try:
+            wal.write(bid, make_rollouts(128, tokens=1024, seed=bid))
+        except lb.LakeBufferError as e:
+            err = e
+    assert isinstance(err, lb.DiskFullError), repr(err)
+    written = wal.ids()
+    assert bid not in written and len(written) > 2
+    wal.remove(written[-1])  # kept as a spare: the disk stays full
+    assert len(list(wal.path.glob(f"*{SPARE_SUFFIX}"))) == 1
+    kept = {b: wal.read(b) for b in written[:-1]}
+    with pytest.raises(lb.DiskFullError):
+        wal.write(bid, make_rollouts(512, tokens=1024, seed=bid))  # over the spare, then past its end
+    assert wal.ids() == written[:-1]
+    assert not list(wal.path.glob("*.tmp")) and not list(wal.path.glob(f"*{SPARE_SUFFIX}"))
+    for b, t in kept.items():
+        assert wal.read(b).equals(t)
+    small_fs.unmount()
