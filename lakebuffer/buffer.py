@@ -467,8 +467,7 @@ class ReplayBuffer:
     def count(self, where: str | None = None) -> int:
         """How many rollouts match ``where`` (all of them if None)."""
         self._check()
-        self._catalog.sync()
-        return self._catalog.count(where)
+        return self._catalog.count(where)  # syncs the tiers' objects only for a predicate ``meta`` cannot answer
 
     # cold tier ----------------------------------------------------------------------------
     def snapshot(self, wait: bool = True, progress: Any = None) -> Snapshot | None:

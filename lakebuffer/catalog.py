@@ -97,6 +97,7 @@ _QUEUED_COUNT_ROWS = 262_144
 #: Replay events wait for a statement that reads ``replays`` or this many rows (then a background insert)
 _QUEUED_REPLAY_ROWS = 65_536
 #: A statement that may read the ``replays`` table (a false match only inserts the queued events early)
+SOURCE_SHAPES = 1024  # predicate shapes whose source (``source_for``) is remembered
 _READS_REPLAYS = re.compile(r"\breplays\b", re.IGNORECASE)
 
 
@@ -145,6 +146,7 @@ class Catalog:
         self._on_flushed: Callable[[], None] = lambda: None
         self._flush_queued = False
         self._view_statements: list[str] = []
+        self._sources: dict[str, str] = {}  # predicate shape -> "meta" / "rollouts" (``source_for``)
         self._warm_guard = threading.Lock()
         self._warm_queued = False
         self._last_write = 0.0
@@ -205,6 +207,8 @@ class Catalog:
                 self.con.register(name, obj)
             for stmt in statements:
                 self.con.execute(stmt)
+            if statements:
+                self._sources.clear()  # ``meta`` may have other columns now
 
     def register_lake(self, lake: Any, run_id: str) -> None:
         """Point the ``cold`` (this run) and ``lake`` (all runs) views at the lake's snapshots. The Delta
@@ -532,20 +536,30 @@ class Catalog:
         """A user's ``sql()``: one read-only statement (``sandbox.check_read_only``), then ``query``."""
         return self.query(check_read_only(sql), params)
 
-    def source_for(self, where: str | None) -> str:
-        """``meta`` if the predicate only needs metadata columns, else ``rollouts`` (all columns)."""
-        pred = check_predicate(where)
+    def source_for(self, where: str | None, *, checked: bool = False) -> str:
+        """``meta`` if the predicate only needs metadata columns, else ``rollouts`` (all columns).
+        ``checked``: ``where`` is already ``predicate.check``'s output (not parsed a second time)."""
+        pred = (where or "TRUE") if checked else check_predicate(where)
         if pred == "TRUE":
             return "meta"
+        # which columns a predicate binds to does not depend on its literals: one probe per shape (a
+        # TransferQueue clear's ``tq_index IN (...)`` of 16 indexes is one shape; a probe costs ~3 ms)
+        shape = predicate.binding_shape(pred)
+        known = self._sources.get(shape)
+        if known is not None:
+            return known
         with self.lock:
-            self._flush_pending()
             try:
                 self.con.execute(self.render("probe_predicate", source="meta", where=pred))
-                return "meta"
+                found = "meta"
             except duckdb.BinderException:
-                return "rollouts"
+                found = "rollouts"
             except duckdb.Error as e:
                 raise query_error(e) from e
+        if len(self._sources) >= SOURCE_SHAPES:
+            self._sources.clear()
+        self._sources[shape] = found
+        return found
 
     def render(self, name: str, **fields: Any) -> str:
         """An ``sql/<name>.sql`` template with ``{field}`` placeholders filled."""
@@ -554,8 +568,9 @@ class Catalog:
     def count(self, where: str | None, source: str | None = None) -> int:
         """Rows matching a user's ``where`` (the strict predicate check: no subqueries or statements)."""
         pred = predicate.check(where)
-        source = source or self.source_for(pred)
-        t = self.query(self.render("count_where", source=source, where=pred))
+        source = source or self.source_for(pred, checked=True)
+        # ``meta`` is a DuckDB table: a query of it alone needs no re-registration of the tiers' objects
+        t = self.query(self.render("count_where", source=source, where=pred), sync=source != "meta")
         return int(t.column(0)[0].as_py())
 
     def close(self) -> None:

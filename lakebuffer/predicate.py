@@ -447,13 +447,24 @@ def shape(sql: str) -> str:
     Token-level only (no validity check): the samplers key their caches with it on predicates
     they composed themselves from a checked ``where`` and trusted SQL (e.g. an exclusion subquery).
     """
+    return _shape(sql, keep_strings=True)
+
+
+@functools.lru_cache(maxsize=1024)
+def binding_shape(sql: str) -> str:
+    """``sql``'s tokens with every literal (numbers and strings) as ``#``: texts with the same binding
+    shape name the same columns and functions, so they bind to the same relations."""
+    return _shape(sql, keep_strings=False)
+
+
+def _shape(sql: str, keep_strings: bool) -> str:
     try:
         tokens = _DIALECT.tokenize(sql)
     except TokenError:
         return sql
     out = []
     for t in tokens:
-        if t.token_type == TokenType.NUMBER:
+        if t.token_type == TokenType.NUMBER or (t.token_type == TokenType.STRING and not keep_strings):
             out.append("#")
         elif t.token_type == TokenType.STRING:
             out.append("'" + t.text.replace("'", "''") + "'")
