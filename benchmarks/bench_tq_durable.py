@@ -7,7 +7,7 @@ and with LakeBuffer (every acknowledged operation durable: rows in the WAL, keys
 controller's journal) in alternated blocks (``tq.close`` / ``tq.init`` between), so both see the
 same load. Per call, medians over ``--rounds``: ``kv_batch_put`` of 16 samples x L tokens (int64 ids
 + float32 logprobs + a score, with tags), ``kv_batch_get`` of both token fields, a single-field get,
-a tag-only ``kv_put``; L = 4096 and 16384.
+a tag-only ``kv_put``, the ``kv_clear`` of the 16 keys; L = 4096 and 16384.
 
 Then the restore: a job puts ``--restore-keys`` keys (batches of 1000, a score each, tags) and is
 SIGKILLed with its whole Ray; then, alternated, a fresh process and Ray runs ``tq.init`` to the first
@@ -55,9 +55,10 @@ def measure(tq, lengths: list[int], rounds: int, block: int, out: dict[str, list
             if r == 0:
                 assert torch.equal(got["input_ids"][3], fields["input_ids"][3])
             tq.kv_clear(keys=keys, partition_id="bench")
+            t5 = time.perf_counter()
             if r < 3:
                 continue  # warm-up (the first put of a field adds its column)
-            for name, dt in (("put", t1 - t0), ("get", t2 - t1), ("get1", t3 - t2), ("tag", t4 - t3)):
+            for name, dt in (("put", t1 - t0), ("get", t2 - t1), ("get1", t3 - t2), ("tag", t4 - t3), ("clear", t5 - t4)):
                 out.setdefault(f"{name}_{L}", []).append(dt)
 
 
@@ -212,11 +213,13 @@ def main() -> None:
         for b in confs:
             m = med[b]
             print(f"  {b:13s} 16 x {L:5d}: put {m[f'put_{L}']:6.2f} ms  get {m[f'get_{L}']:6.2f} ms  single-field "
-                  f"get {m[f'get1_{L}']:6.2f} ms  tag-only kv_put {m[f'tag_{L}']:5.2f} ms", flush=True)
+                  f"get {m[f'get1_{L}']:6.2f} ms  tag-only kv_put {m[f'tag_{L}']:5.2f} ms  kv_clear "
+                  f"{m[f'clear_{L}']:6.2f} ms", flush=True)
         lake, base = med["LakeBuffer"], med["SimpleStorage"]
         print(f"  ratio LakeBuffer/SimpleStorage 16 x {L}: put {lake[f'put_{L}'] / base[f'put_{L}']:.2f}x  "
               f"get {lake[f'get_{L}'] / base[f'get_{L}']:.2f}x  single-field get "
-              f"{lake[f'get1_{L}'] / base[f'get1_{L}']:.2f}x  tag-only {lake[f'tag_{L}'] / base[f'tag_{L}']:.2f}x",
+              f"{lake[f'get1_{L}'] / base[f'get1_{L}']:.2f}x  tag-only {lake[f'tag_{L}'] / base[f'tag_{L}']:.2f}x  "
+              f"kv_clear {lake[f'clear_{L}'] / base[f'clear_{L}']:.2f}x",
               flush=True)
     lbtq.close_store(cfg)
     ray.shutdown()

@@ -40,6 +40,7 @@ import pyarrow.dataset as pds
 import pyarrow.parquet as pq
 
 from ..errors import CorruptionError, LakeBufferError, LakeError
+from ..lake import rowhash
 from ..lake.pages import METADATA_CACHE_BYTES, MissingRows, PageReader, storage_failed
 from .base import Location, ScannedDataset, Staged, gather
 from .mirror import LocalMirror
@@ -349,6 +350,7 @@ class ColdTier:
         lake = self._lake()
         if not PageReader.supports(lake.store):
             return 0
+        rowhash.prepare()  # the digests every cold take checks: their tables at full size, once per process
         return self._pages(lake).read_ahead(entries, stop=stop)
 
     def _pages(self, lake: Any) -> PageReader:
