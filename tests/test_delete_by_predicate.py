@@ -66,3 +66,21 @@ def test_a_payload_predicate_still_reads_the_rows_and_deletes_what_it_names(tmp_
         assert buf.delete(where=where) >= len(named) >= 1
         assert calls["probe"] == 1 and calls["register"] >= 1  # bound against rollouts: the tiers synced
         assert buf.count(where=f"key IN ({', '.join(repr(k) for k in named)})") == 0
+
+
+def test_a_where_delete_of_an_empty_buffer_returns_0_at_once_and_still_refuses_bad_predicates(tmp_path, monkeypatch):
+    """A TransferQueue store's first generation stays empty when every field is new: each ``kv_clear``
+    deletes there too. With no row in any tier that is 0 with no statement; a bad predicate still raises."""
+    import pytest
+
+    with lb.ReplayBuffer.open(tmp_path / "b", memory_limit_mb=64, snapshot_interval_s=0) as buf:
+        calls = _counting(monkeypatch)
+        assert buf.delete(where="policy_version IN (1, 2)") == 0
+        assert calls == {"register": 0, "probe": 0}
+        with pytest.raises(lb.QueryError):
+            buf.delete(where="policy_version >")
+        with pytest.raises(lb.QueryError):
+            buf.delete(where="1; DROP TABLE meta")
+        keys = buf.push(make_rollouts(5, tokens=4, version=1, seed=7)).to_pylist()
+        assert buf.delete(where="policy_version IN (1, 2)") == 5  # not empty any more: the rows go
+        assert buf.count() == 0 and len(keys) == 5

@@ -28,6 +28,12 @@ def delete(s: BufferState, budget: Budget, writeback: WriteBack, keys: Sequence[
     """Delete by key and/or predicate; how many rows were deleted."""
     if keys is None and where is None:
         raise ValueError("delete needs keys=..., where=... or both (to delete everything, where='TRUE')")
+    if keys is None:
+        predicate.check(where)  # a bad predicate is an error whether or not rows exist
+        with s.lock:
+            empty = not s.batches
+        if empty:  # no row in any tier: nothing matches (a TransferQueue store's first generation, mostly)
+            return 0
     writeback.pause()
     try:
         # what was queued before (write-backs, promotions) finishes first. Not a drain, which producers and
