@@ -96,8 +96,9 @@ WARM_QUIET_S: float | None = 0.05
 _QUEUED_COUNT_ROWS = 262_144
 #: Replay events wait for a statement that reads ``replays`` or this many rows (then a background insert)
 _QUEUED_REPLAY_ROWS = 65_536
+#: Predicate binding shapes whose source (``source_for``: ``meta`` or ``rollouts``) is remembered
+SOURCE_SHAPES = 1024
 #: A statement that may read the ``replays`` table (a false match only inserts the queued events early)
-SOURCE_SHAPES = 1024  # predicate shapes whose source (``source_for``) is remembered
 _READS_REPLAYS = re.compile(r"\breplays\b", re.IGNORECASE)
 
 
@@ -567,11 +568,15 @@ class Catalog:
 
     def count(self, where: str | None, source: str | None = None) -> int:
         """Rows matching a user's ``where`` (the strict predicate check: no subqueries or statements)."""
-        pred = predicate.check(where)
-        source = source or self.source_for(pred, checked=True)
-        # ``meta`` is a DuckDB table: a query of it alone needs no re-registration of the tiers' objects
-        t = self.query(self.render("count_where", source=source, where=pred), sync=source != "meta")
+        t = self.query_where("count_where", predicate.check(where), source)
         return int(t.column(0)[0].as_py())
+
+    def query_where(self, template: str, pred: str, source: str | None = None) -> pa.Table:
+        """``template`` (``{source}``, ``{where}``) over the relation the checked ``pred`` needs. ``meta`` is
+        a DuckDB table: a statement over it alone re-registers no tier's objects (after every push that
+        sync cost a small delete or count ~3 ms)."""
+        source = source or self.source_for(pred, checked=True)
+        return self.query(self.render(template, source=source, where=pred), sync=source != "meta")
 
     def close(self) -> None:
         self._closed = True

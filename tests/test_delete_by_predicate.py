@@ -5,6 +5,7 @@ them that work), and the rows it names are gone from every tier either way."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import lakebuffer as lb
 from lakebuffer.catalog import Catalog
@@ -71,8 +72,6 @@ def test_a_payload_predicate_still_reads_the_rows_and_deletes_what_it_names(tmp_
 def test_a_where_delete_of_an_empty_buffer_returns_0_at_once_and_still_refuses_bad_predicates(tmp_path, monkeypatch):
     """A TransferQueue store's first generation stays empty when every field is new: each ``kv_clear``
     deletes there too. With no row in any tier that is 0 with no statement; a bad predicate still raises."""
-    import pytest
-
     with lb.ReplayBuffer.open(tmp_path / "b", memory_limit_mb=64, snapshot_interval_s=0) as buf:
         calls = _counting(monkeypatch)
         assert buf.delete(where="policy_version IN (1, 2)") == 0

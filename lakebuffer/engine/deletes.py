@@ -52,11 +52,7 @@ def _matching(s: BufferState, keys: Sequence[str] | pa.Array | None, where: str 
     if keys is not None:
         wanted = key_list(keys)
     if where is not None:
-        pred = predicate.check(where)  # the user's strict check (and its limits) first
-        source = s.catalog.source_for(pred, checked=True)
-        # ``meta`` is a DuckDB table: selecting from it alone needs no re-registration of the tiers' objects
-        # (a sync after every push: ~3 ms of a small delete)
-        t = s.catalog.query(s.catalog.render("select_keys", source=source, where=pred), sync=source != "meta")
+        t = s.catalog.query_where("select_keys", predicate.check(where))  # the user's strict check first
         matched = t.column("key").to_pylist()
         wanted = matched if keys is None else sorted(set(wanted) & set(matched))
     return wanted
