@@ -301,7 +301,9 @@ def test_a_get_from_disk_announces_its_pages_and_decodes_part_by_part(tmp_path, 
         idx = {k: i for i, k in enumerate(ref.column("key").to_pylist())}
         want = ref.take(pa.array([idx[k] for k in picks])).select(["key", "response_ids", "reward"])
         files = [Path(buf.lake.store.abs(e["path"])) for e in buf.lake.latest_manifest(buf.run_id)["files"]]
-        on_disk = _drop_from_page_cache(files)
+        # all of the files out of the cache or none (a fadvise can leave one file's pages behind while the
+        # others go: a mixed state the assertions below do not describe): a few tries before taking the answer
+        on_disk = any(_drop_from_page_cache(files) for _ in range(3))
         assert buf.get(picks, ["key", "response_ids", "reward"]).to_pylist() == want.to_pylist()
         assert bool(announced) == on_disk and (len(parts) > 1) == on_disk, (announced, parts, on_disk)
         if on_disk:  # every file of the take announced once; all before the first read, or along the reads
