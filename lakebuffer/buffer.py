@@ -247,18 +247,25 @@ class ReplayBuffer:
                          "while opening it; check the endpoint and network (or raise lake_timeout_s), then open again")
 
     def _read_layouts_ahead(self) -> None:
-        """The cold files' page layouts read in the background, so the first cold call after an open
-        does not read them (best effort: a file it cannot read is left for the take that asks)."""
+        """The cold files' page layouts (footers, offset indexes: metadata) read ahead of the first cold
+        call (best effort: a file it cannot read is left for the take that asks). After a resume, read
+        and parsed before ``open`` returns: in the background they competed with that first call for the
+        GIL (8 GB, 131 files: first call 134-166 ms so, 77-110 ms read here; BENCHMARKS.md "#23, eighth
+        session"). A reopen reads them in the background."""
         cold, stop = self._state.cold, self._layouts_stop
         if cold is None or not cold.batch_ids():
             return
+        resumed = bool(self._snapshots.resumed)
 
         def read() -> None:
             try:
-                cold.read_layouts_ahead(stop=stop.is_set)  # a close does not wait for all of it
+                cold.read_layouts_ahead(stop=stop.is_set, decode=resumed)  # a close does not wait for all of it
             except LakeBufferError:  # the lake unreachable or gone: the first read reports it
                 pass
-        self.tasks.submit(P1, read, name="cold layouts ahead", surface=False)
+        if resumed:
+            read()
+        else:
+            self.tasks.submit(P1, read, name="cold layouts ahead", surface=False)
 
     def _warm_resumed(self, o: BufferOptions) -> None:
         """``restore="lazy"`` (and ``"eager"``, from its local copies): warm the resumed run's cold batches

@@ -517,3 +517,40 @@ def test_read_ahead_stops_when_a_whole_step_reads_nothing(tmp_path, monkeypatch)
     monkeypatch.setattr(rowpages.RowPages, "_read_layout", down)
     monkeypatch.setattr(rowpages, "READ_AHEAD_FILES", 2)
     assert reader.read_ahead(entries) == 2 and len(tried) == 2 and reader.held_bytes() == 0
+
+
+def test_a_resume_reads_and_parses_the_page_layouts_before_open_returns(tmp_path, monkeypatch):
+    """A fresh-node resume's ``open`` returns with the cold files' layouts held and their offset indexes
+    parsed (read in the background they took the GIL from the first take), so its first cold get parses
+    none; a reopen of the writing directory reads them in the background and leaves the parsing to takes."""
+    from lakebuffer.lake import pagelayout
+
+    lake = str(tmp_path / "lake")
+    with _cold_buffer(tmp_path / "buf", lake) as buf:
+        ref = _fill(buf, batches=16)
+        run_id = buf.run_id
+        files = {e["path"] for e in buf.lake.latest_manifest(run_id)["files"]}
+
+    def layouts(b):
+        return dict(next(iter(b._state.cold._page_readers.values())).rows._layouts) if b._state.cold._page_readers else {}
+
+    with _cold_buffer(tmp_path / "fresh", lake, run_id=run_id, restore="cold") as buf:
+        held = layouts(buf)  # no barrier: open itself did it
+        assert held and set(held) <= files
+        chunks = [c for lay in held.values() for g in lay.chunks for c in g.values()]
+        assert chunks and all(c._pages is not None for c in chunks)
+        parsed = []
+        real = pagelayout.Chunk.pages
+
+        def pages(self):
+            if self._pages is None:
+                parsed.append(self)
+            return real(self)
+        monkeypatch.setattr(pagelayout.Chunk, "pages", pages)
+        _check_buffer_get(buf, ref)
+        monkeypatch.undo()
+        assert not [c for c in parsed if c in chunks], "the first take parsed an offset index the open had parsed"
+    with _cold_buffer(tmp_path / "buf", lake) as buf:
+        assert buf._state.tasks.barrier(timeout=60)
+        held = layouts(buf)
+        assert held and not all(c._pages is not None for lay in held.values() for g in lay.chunks for c in g.values())

@@ -82,6 +82,13 @@ class Layout:
     chunks: list[dict[str, Chunk]]  # per row group: column -> pages (only columns this reader decodes)
     nbytes: int = field(default=0)
 
+    def decode_pages(self) -> None:
+        """Parse every chunk's offset index now (``nbytes`` counts the parsed arrays already): what a
+        resume does before its first take, instead of ~100 of them inside it."""
+        for group in self.chunks:
+            for chunk in group.values():
+                chunk.pages()
+
 
 def _arrow_schema(fmd: Any) -> pa.Schema:
     for kv in fmd.key_value_metadata or []:

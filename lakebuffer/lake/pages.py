@@ -178,9 +178,9 @@ class PageReader:
             todo = [e for e in entries if e["path"] not in self._tables]
         prefetch(todo, self._table, PREPARE_THREADS, "lakebuffer-footers", (Exception,))
 
-    def read_ahead(self, entries: list[dict], stop: Callable[[], bool]) -> int:
+    def read_ahead(self, entries: list[dict], stop: Callable[[], bool], decode: bool = False) -> int:
         """Read the row reader's layouts of ``entries`` before any take asks (``RowPages.read_ahead``)."""
-        return self.rows.read_ahead(entries, stop=stop)
+        return self.rows.read_ahead(entries, stop=stop, decode=decode)
 
     def _by_rows(self, entry: dict) -> bool:
         try:

@@ -206,10 +206,11 @@ class RowPages:
         prefetch(todo, self.layout, LAYOUT_THREADS, "lakebuffer-layouts", (Unreadable,))
 
     def read_ahead(self, entries: list[dict], share: float = READ_AHEAD_SHARE,
-                   stop: Callable[[], bool] = lambda: False) -> int:
+                   stop: Callable[[], bool] = lambda: False, decode: bool = False) -> int:
         """Read the layouts of ``entries`` (in that order) ahead of any take, until they fill ``share``
         of the cache; how many were read. Why: a resumed or reopened buffer's first cold call read
-        ~70 footers and offset indexes from disk (8 GB lake: 63 of its 128 ms)."""
+        ~70 footers and offset indexes from disk (8 GB lake: 63 of its 128 ms). ``decode``: their
+        offset indexes parsed too (not in the background: that took the GIL from the first take)."""
         done = 0
         for a in range(0, len(entries), READ_AHEAD_FILES):
             held = self.held_bytes()
@@ -223,6 +224,12 @@ class RowPages:
                     pass
             else:
                 self.prepare(chunk)
+            if decode:
+                for entry in chunk:
+                    with self._lock:
+                        lay = self._layouts.get(entry["path"])
+                    if lay is not None:
+                        lay.decode_pages()
             done += len(chunk)
             if self.held_bytes() == held:  # nothing of a whole step could be read (the lake is down?): stop
                 break

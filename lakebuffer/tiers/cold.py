@@ -336,10 +336,10 @@ class ColdTier:
             raise StaleLocation("a row is not the one its location named")
         return out.select(columns).cast(schema)
 
-    def read_layouts_ahead(self, stop: Callable[[], bool] = lambda: False) -> int:
+    def read_layouts_ahead(self, stop: Callable[[], bool] = lambda: False, decode: bool = False) -> int:
         """Read the page layouts (footer, offset indexes) of the lake files cold rows are in, newest
-        first, into the page reader's cache (up to ``READ_AHEAD_SHARE`` of it), before a take asks: the
-        open calls this in the background. How many files' layouts were read."""
+        first, into the page reader's cache (up to ``READ_AHEAD_SHARE`` of it), before a take asks
+        (``decode``: the offset indexes parsed too). How many files' layouts were read."""
         with self._lock:
             entries = list(self._referenced.values())[::-1]
             mirror = self.mirror
@@ -351,7 +351,7 @@ class ColdTier:
         if not PageReader.supports(lake.store):
             return 0
         rowhash.prepare()  # the digests every cold take checks: their tables at full size, once per process
-        return self._pages(lake).read_ahead(entries, stop=stop)
+        return self._pages(lake).read_ahead(entries, stop=stop, decode=decode)
 
     def _pages(self, lake: Any) -> PageReader:
         """The page reader of the lake now served (one per lake store; a reopened lake gets a new one)."""
