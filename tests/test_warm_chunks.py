@@ -1,6 +1,6 @@
 """Warm reads verified chunk by chunk (issue 23 item 2, DESIGN.md: "verification scales with the bytes read").
 
-A segment's footer holds a CRC32C per 64 KiB chunk of its IPC bytes (``tiers/segfooter.py``). After a
+A segment's footer holds a CRC32C per 16 KiB chunk of its IPC bytes (``tiers/segfooter.py``). After a
 reopen, a ``get`` of a few warm rows checks only the chunks it reads (and those of the IPC metadata it
 parses), not the whole fragment; a flipped byte in a chunk it reads is a ``CorruptionError`` naming the
 file, and a scan still checks every chunk. Older ``LBW1`` segments (one CRC) are checked whole.
@@ -39,7 +39,7 @@ def test_the_footer_round_trips_and_refuses_damage(tmp_path):
     data = os.urandom(200_000)
     foot = segfooter.encode(data)
     f = segfooter.parse_buffer(data + foot)
-    assert f.ipc_end == len(data) and f.chunk_bytes == segfooter.CHUNK_BYTES and f.chunks == 4
+    assert f.ipc_end == len(data) and f.chunk_bytes == segfooter.CHUNK_BYTES and f.chunks == -(-200_000 // f.chunk_bytes)
     assert f.check(data) is None
     bad = bytearray(data)
     bad[150_000] ^= 1
@@ -146,9 +146,11 @@ def test_an_older_single_crc_fragment_is_checked_whole(tmp_path):
             buf.get([keys[0]], ["key"])
 
 
-def test_the_check_reads_each_chunk_once_and_refuses_ranges_outside_the_checked_bytes(tmp_path):
+def test_the_check_reads_each_chunk_once_and_refuses_ranges_outside_the_checked_bytes(tmp_path, monkeypatch):
     from lakebuffer.tiers.chunkcheck import ChunkCheck, ChunkDamaged
     from lakebuffer.tiers.ipcread import LayoutError
+
+    monkeypatch.setattr(segfooter, "CHUNK_BYTES", 64 * 1024)  # the chunk numbers below are of 64 KiB chunks
 
     data = os.urandom(300_000)
     p = tmp_path / "f"
@@ -220,3 +222,24 @@ def test_reads_from_disk_are_announced_at_once_and_return_the_same_rows(tmp_path
         advised.clear()
         assert buf.get([keys[r] for r in rows], ["key", "response_ids"]).equals(got)
         assert advised == []  # from the page cache: no hint
+
+
+def test_a_segment_written_with_another_chunk_size_reads_and_is_checked_by_its_own(tmp_path, monkeypatch):
+    """The chunk size is each footer's own: a WAL segment written with 64 KiB chunks (before 2026-12-07)
+    reads back exactly under today's size, and a flipped byte in any of its chunks is still refused."""
+    monkeypatch.setattr(segfooter, "CHUNK_BYTES", 64 * 1024)
+    wal = WriteAheadLog(tmp_path / "wal")
+    t = make_rollouts(64, tokens=2048, seed=3)
+    wal.write(1, t)
+    seg = wal.segment_path(1)
+    monkeypatch.undo()
+    assert segfooter.CHUNK_BYTES != 64 * 1024
+    assert segfooter.parse_buffer(seg.read_bytes()).chunk_bytes == 64 * 1024
+    assert wal.read(1).equals(t)
+    size = segfooter.ipc_end(str(seg))
+    for at in (size // 3, size - 100):
+        data = bytearray(seg.read_bytes())
+        data[at] ^= 0x08
+        (tmp_path / "bad.arrow").write_bytes(bytes(data))
+        with pytest.raises(CorruptionError, match="checksum"):
+            wal.read_path(tmp_path / "bad.arrow")

@@ -2,7 +2,7 @@
 
 Why: the first read of a fragment in a process checked the CRC32C of the whole file, so after a reopen
 a ``sample`` touching 59 warm rows of 42 fragments read 422 MB to return 0.5 MB (BENCHMARKS.md "#23").
-A segment's footer (``segfooter``) holds a CRC32C per 64 KiB chunk; ``ChunkCheck`` is the check
+A segment's footer (``segfooter``) holds a CRC32C per 16 KiB chunk (``CHUNK_BYTES``; each footer says its own); ``ChunkCheck`` is the check
 ``ipcread`` runs on every range before reading it: the chunks the range lies in are read and checked
 (each once while the file keeps its signature), so verification costs about what the read costs.
 The IPC metadata the take parses goes through the same check. A chunk that fails is a

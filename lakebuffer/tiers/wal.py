@@ -2,7 +2,7 @@
 
 A segment is written to ``<id>.arrow.tmp`` and renamed into place, so a torn write never looks
 like a segment. Arrow IPC has no checksum of its own, so every segment ends with a checksum footer
-(``segfooter``: a CRC32C per 64 KiB chunk of the IPC bytes; ``LBW1`` segments of older releases carry
+(``segfooter``: a CRC32C per 16 KiB chunk of the IPC bytes; ``LBW1`` segments of older releases carry
 one CRC32C) that ``read`` checks: recovery and fsck never serve a flipped byte. Segments without a
 footer (written before it existed) are read unchecked;
  the index entry for the batch is written after the rename, so a segment with no
