@@ -88,20 +88,43 @@ def test_file_changed_while_open_is_verified_again(tmp_path):
             buf.get(keys, ["response_ids"])
 
 
-def test_flipped_wal_segment_is_refused_on_open_and_flagged_by_fsck(tmp_path):
+def test_flipped_wal_segment_is_refused_by_every_read_after_a_reopen_and_flagged_by_fsck(tmp_path):
+    """A reopen adopts a hot batch's WAL segment as a warm fragment without reading its rows (an open is
+    O(metadata)), so the flipped byte is found where it is read: every read path refuses it, naming the file."""
     with lb.ReplayBuffer.open(tmp_path, **OPEN) as buf:
-        buf.push(make_rollouts(64, tokens=64, seed=3))
+        keys = buf.push(make_rollouts(64, tokens=4096, seed=3)).to_pylist()  # a batch over PROMOTE_BYTES
     (seg,) = sorted((tmp_path / "wal").glob("*.arrow"))
     flip(seg, 0.4)
-    with pytest.raises(lb.CorruptionError, match=seg.name):
-        lb.ReplayBuffer.open(tmp_path, **OPEN)
+    with lb.ReplayBuffer.open(tmp_path, **OPEN) as buf:
+        (adopted,) = warm_files(buf)
+        assert not seg.exists()  # the batch's segment is now its warm fragment (one name, one copy)
+        every = buf.schema.names
+        for read in (lambda: buf.get(keys, every), lambda: buf.sample(64, columns=every),
+                     lambda: buf.sql("SELECT sum(list_sum(response_ids)) FROM rollouts"),
+                     lambda: list(buf.scan(columns=["key", "response_ids"]))):
+            with pytest.raises(lb.CorruptionError, match=adopted.name):
+                read()
+        with pytest.raises(lb.CorruptionError, match="fsck --repair"):
+            buf.snapshot(wait=True)
     report = fsck(tmp_path)
-    assert not report["ok"] and any(seg.name in p and "checksum" in p for p in report["problems"])
+    assert not report["ok"] and any(adopted.name in p for p in report["problems"])
     rep = fsck(tmp_path, repair=True)  # nothing verified to rebuild from: reported lost, not served
     assert len(rep["lost_keys"]) == 64 and not rep["ok"]
-    assert list((tmp_path / "quarantine" / "wal").glob("*.arrow"))  # kept aside, not deleted
+    assert list((tmp_path / "quarantine").rglob("*.arrow"))  # kept aside, not deleted
     with lb.ReplayBuffer.open(tmp_path, **OPEN) as buf:
         assert len(buf) == 0
+
+
+def test_a_wal_segment_with_a_damaged_footer_is_still_refused_on_open(tmp_path):
+    """A segment whose footer cannot be read cannot be checked chunk by chunk: the reopen reads it whole,
+    as before, and refuses it naming the segment."""
+    with lb.ReplayBuffer.open(tmp_path, **OPEN) as buf:
+        buf.push(make_rollouts(64, tokens=4096, seed=3))  # one it would adopt
+    (seg,) = sorted((tmp_path / "wal").glob("*.arrow"))
+    flip(seg, 0.9999)
+    with pytest.raises(lb.CorruptionError, match=seg.name):
+        lb.ReplayBuffer.open(tmp_path, **OPEN)
+    assert seg.exists() and not list((tmp_path / "warm").glob("*.arrow"))
 
 
 def test_fsck_repairs_only_from_a_lake_copy_that_verifies(tmp_path):

@@ -153,6 +153,37 @@ class WriteBack:
         seg = s.wal.segment_path(batch_ids[0])
         return seg if seg.exists() else None
 
+    def adopt_recovered(self, batches: dict[int, BatchInfo]) -> set[int]:
+        """A reopen's hot batches, whose rows only their WAL segments hold: each segment becomes the batch's
+        warm fragment by a hard link, unread (checked chunk by chunk as reads reach it, like any fragment a
+        reopen finds), so a reopen reads the segments' footers, not their rows (issue 23: an open is
+        O(metadata); reading them into RAM made it O(memory_limit_mb)). Returns the batches adopted.
+        Left to be read into the hot tier: a batch under ``PROMOTE_BYTES`` (write-back would coalesce it
+        with others rather than keep a small file), and a segment of an older format or another schema.
+
+        Crash-safe as a write-back's promotion: a fragment linked before the index write is dropped by
+        the next recovery (the index still has its batch in the WAL), a segment left after it is swept."""
+        s = self.s
+        if s.durability != "wal":
+            return set()
+        adopted: list[tuple[Staged, BatchInfo]] = []
+        try:
+            for bid, info in sorted(batches.items()):
+                seg = s.wal.segment_path(bid)
+                if info.nbytes < PROMOTE_BYTES or not s.warm.adoptable_unread(seg):
+                    continue
+                staged = s.warm.adopt(seg, info.rows, check_now=False)
+                info.tier, info.fragment, info.offset = "warm", staged.part, 0
+                info.files, info.checksum, info.nbytes = list(staged.files), staged.checksum, staged.nbytes
+                adopted.append((staged, info))
+        finally:  # the ones linked so far, in one index write
+            if adopted:
+                s.index.set_batches([info for _, info in adopted])
+                for staged, info in adopted:
+                    s.warm.publish(staged)
+                    s.wal.remove(info.batch_id)
+        return {info.batch_id for _, info in adopted}
+
     # the write-back ------------------------------------------------------------------------
     def write_back(self, batch_ids: list[int]) -> None:
         """Write hot batches to one warm fragment (or promote one's WAL segment), then move them there."""

@@ -30,8 +30,9 @@ checked against its own CRC32C footer the first time this process reads it (``ta
 scan when it starts), and stays verified while its file keeps its (inode, size, mtime); a changed
 file is checked again (``warmfile``: a file modified within ``RACY_NS`` of its check is checked again
 next time). A fragment this process wrote starts verified (its CRC32C was taken from the bytes on disk),
-and so does an adopted WAL segment unchanged since this process wrote it; any other is checked when
-adopted.
+and so does an adopted WAL segment unchanged since this process wrote it; write-back checks any other
+when it adopts it, while a reopen adopts a previous process's segments unread (``adopt(check_now=False)``):
+those are checked like every fragment a reopen finds, chunk by chunk as takes read them.
 A fragment that fails raises ``CorruptionError`` naming the file and the fix, every time it is read.
 
 Deletes rewrite the fragment's ``key`` column with the row slots kept (so row positions, which the
@@ -55,7 +56,7 @@ from ..errors import CorruptionError, LakeBufferError, StorageError, disk_full, 
 from . import segfooter
 from .base import Location, Staged, gather
 from .checksum import repair_hint
-from .ipcread import LayoutError, one_run, read_runs, split
+from .ipcread import LayoutError, one_run, read_layout, read_runs, split
 from .wal import WriteAheadLog, fsync_path
 from .warmfile import OpenFragment, Sig, open_fragment, path_sig
 from .warmscan import DELETED_KEY, WarmDataset
@@ -167,13 +168,16 @@ class WarmTier:
         self._files.write(f, table)  # tmp + CRC32C footer + rename: a torn write never looks like a fragment
         return self._entered(f, table.num_rows)
 
-    def adopt(self, segment: Path, rows: int, checked: tuple[int, int] | None = None) -> Staged:
+    def adopt(self, segment: Path, rows: int, checked: tuple[int, int] | None = None, *,
+              check_now: bool = True) -> Staged:
         """Promote a WAL segment to a new fragment by a hard link: the batch's bytes are not written again.
 
         ``checked`` is the (size, mtime) the segment had when this process wrote it and took its CRC32C
         from the bytes on disk (``WriteAheadLog.written``): while the file still has it, the fragment
         starts out verified, as one this tier wrote does. Otherwise it is checked here, in the
-        write-back thread. The WAL's own name is removed by the caller afterwards.
+        write-back thread, unless ``check_now`` is False (a reopen adopting a previous process's segments,
+        ``adoptable_unread``): then it is checked like any fragment a reopen finds, chunk by chunk as
+        takes read it and whole before a scan. The WAL's own name is removed by the caller afterwards.
         """
         f = self._new_id()
         target = self.file_of(f)
@@ -183,17 +187,32 @@ class WarmTier:
             fsync_path(self.path)
         try:
             sig = path_sig(str(target))  # (inode, size, mtime); the WAL recorded (size, mtime)
-            if checked is None or sig is None or sig[1:] != checked:
+            unchecked = checked is None or sig is None or sig[1:] != checked
+            if unchecked and check_now:
                 self._verify_file(f, force=True)
         except BaseException:
             target.unlink(missing_ok=True)
             raise
-        return self._entered(f, rows)
+        return self._entered(f, rows, verified=not unchecked or check_now)
 
-    def _entered(self, f: int, rows: int) -> Staged:
+    def adoptable_unread(self, segment: Path) -> bool:
+        """Whether ``segment`` can become a fragment without reading its rows: it carries a CRC32C per
+        chunk (reads check what they read) and holds this tier's schema. Reads its footers only."""
+        try:
+            with pa.OSFile(str(segment)) as src:
+                fd = src.fileno()
+                footer = segfooter.parse_fd(fd, os.fstat(fd).st_size)
+                if not footer.chunk_bytes:
+                    return False
+                layout = read_layout(fd, footer.ipc_end)
+        except (OSError, segfooter.FooterError, LayoutError):
+            return False  # read whole on the old path, which names what is wrong
+        return layout.supported and layout.schema.equals(self.schema)
+
+    def _entered(self, f: int, rows: int, verified: bool = True) -> Staged:
         path = self.file_of(f)
         sig = path_sig(str(path))
-        if sig is not None:
+        if sig is not None and verified:
             self._verified[f] = sig  # the writer's CRC32C was taken from the bytes on disk
         nbytes = sig[1] if sig else 0
         self._counts[f] = (rows, rows, nbytes)
