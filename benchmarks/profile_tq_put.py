@@ -1,6 +1,6 @@
 """Where a TransferQueue ``kv_batch_put`` / ``kv_batch_get`` on LakeBuffer spends its time, per process.
 
-    python benchmarks/profile_tq_put.py --rounds 60 --length 4096 [--backend both]
+    python benchmarks/profile_tq_put.py --rounds 60 --length 4096 [--clear]
 
 Wraps methods with ``perf_counter`` spans in each process (the driver's TQ client and storage
 manager, the controller actor, the store actor, the buffer's ingest steps) and prints the median
@@ -70,6 +70,8 @@ def _store_spans(store: Any) -> None:
     wrap(ing.s.catalog, "insert_meta", "store.put > buf.push > catalog.insert_meta")
     wrap(store.keys, "append", "store.journal > journal.append")
     wrap(store.buf, "get", "store.get > buf.get")
+    wrap(store, "delete", "store.delete")
+    wrap(store.buf, "delete", "store.delete > buf.delete")
 
 
 def _ctrl_spans(ctrl: Any) -> None:
@@ -130,7 +132,7 @@ def _driver_spans(tq: Any, lake: bool) -> None:
         wrap(lbtq, "read_ipc", "drv.get_batch > read_ipc")
 
 
-def run(tq: Any, backend: str, length: int, rounds: int) -> dict[str, list[float]]:
+def run(tq: Any, backend: str, length: int, rounds: int, clear: bool = False) -> dict[str, list[float]]:
     import ray
     import torch
     from tensordict import TensorDict
@@ -167,6 +169,9 @@ def run(tq: Any, backend: str, length: int, rounds: int) -> dict[str, list[float
         _spans()["TOTAL kv_batch_put"].append(t1 - t0)
         _spans()["TOTAL kv_batch_get"].append(t2 - t1)
         _spans()["TOTAL tag-only kv_put"].append(t3 - t2)
+        if clear:  # the bench's loop: each round's keys cleared before the next put
+            tq.kv_clear(keys=keys, partition_id="prof")
+            _spans()["TOTAL kv_clear"].append(time.perf_counter() - t3)
     cpu = {"CPU ms/round driver": [_cpu()], "CPU ms/round controller": [ray.get(ctrl.__ray_call__.remote(_cpu))]}
     if store is not None:
         cpu["CPU ms/round store"] = [ray.get(store.__ray_call__.remote(_cpu))]
@@ -176,7 +181,8 @@ def run(tq: Any, backend: str, length: int, rounds: int) -> dict[str, list[float
         out.update(ray.get(store.__ray_call__.remote(_take)))
     out.update({k: [v[0] / rounds] for k, v in cpu.items()})
     out.pop("_cpu0", None)
-    tq.kv_clear(keys=[f"p{length}r{r}s{i}" for r in range(rounds + 5) for i in range(16)], partition_id="prof")
+    if not clear:
+        tq.kv_clear(keys=[f"p{length}r{r}s{i}" for r in range(rounds + 5) for i in range(16)], partition_id="prof")
     return out
 
 
@@ -184,6 +190,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=60)
     ap.add_argument("--length", type=int, default=4096)
+    ap.add_argument("--clear", action="store_true", help="kv_clear each round's keys, as bench_tq_durable.py does")
     a = ap.parse_args()
 
 
@@ -196,11 +203,11 @@ def main() -> None:
     ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}})
     tq.init(OmegaConf.create({"backend": {"storage_backend": "SimpleStorage"}}))
-    base = run(tq, "SimpleStorage", a.length, a.rounds)
+    base = run(tq, "SimpleStorage", a.length, a.rounds, a.clear)
     tq.close()
     cfg = {"path": f"{tempfile.mkdtemp(prefix='tqprof-')}/run", "snapshot_interval_s": 0, "memory_limit_mb": 2048}
     tq.init(OmegaConf.create({"backend": {"storage_backend": "LakeBuffer", "LakeBuffer": cfg}}))
-    lake = run(tq, "LakeBuffer", a.length, a.rounds)
+    lake = run(tq, "LakeBuffer", a.length, a.rounds, a.clear)
     print(f"\n16 x {a.length}, {a.rounds} rounds, load {os.getloadavg()[0]:.2f}; median ms per call (calls/round)")
     for label in sorted(set(base) | set(lake)):
         cells = []
