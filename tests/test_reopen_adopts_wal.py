@@ -7,7 +7,12 @@ duplicates nothing."""
 from __future__ import annotations
 
 import os
+import random
+import signal
 import struct
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -18,6 +23,9 @@ import lakebuffer as lb
 from lakebuffer.engine.writeback import PROMOTE_BYTES
 from lakebuffer.tiers import segfooter
 from tests.rollouts import make_rollouts
+from tests.sizes import fast_and_full
+
+ROOT = Path(__file__).resolve().parent.parent
 
 OPEN = {"memory_limit_mb": 256, "snapshot_interval_s": 0}
 COLUMNS = ["key", "reward", "prompt_ids", "response_ids", "response_logprobs", "policy_version"]
@@ -115,3 +123,72 @@ def test_a_batch_under_promote_bytes_is_read_into_ram_and_checked_as_before(tmp_
     small.write_bytes(bytes(data))
     with pytest.raises(lb.CorruptionError, match=small.name):
         lb.ReplayBuffer.open(tmp_path, **OPEN)
+
+
+_OPEN_CHILD = """
+import sys, time
+import lakebuffer as lb
+from lakebuffer.tiers.wal import WriteAheadLog
+from lakebuffer.tiers.warm import WarmTier
+
+where, at = sys.argv[2], int(sys.argv[3])
+calls = [0]
+
+def pause_after(cls, name):  # the parent kills the process while it sleeps here
+    orig = getattr(cls, name)
+    def wrapper(self, *a, **k):
+        out = orig(self, *a, **k)
+        calls[0] += 1
+        if calls[0] == at:
+            print("paused", flush=True)
+            time.sleep(30)
+        return out
+    setattr(cls, name, wrapper)
+
+if where != "none":
+    pause_after(WarmTier if where == "adopt" else WriteAheadLog, where)
+print("imported", flush=True)
+lb.ReplayBuffer.open(sys.argv[1], memory_limit_mb=256, snapshot_interval_s=0).close()
+print("opened", flush=True)
+"""
+
+#: where a reopen adopting 24 segments is killed: after the n-th link (before the index write), after the
+#: n-th WAL name is removed (after it), or at a random moment after the imports
+KILL_POINTS = [("adopt", 1), ("remove", 12), ("adopt", 13), ("adopt", 24), ("remove", 1), ("remove", 24),
+               ("none", 0), ("none", 0)]
+
+
+@fast_and_full("kills", KILL_POINTS[:2], KILL_POINTS)
+def test_a_kill_minus_nine_at_any_point_of_the_adopting_reopen_loses_and_duplicates_nothing(tmp_path, kills):
+    """SIGKILL a reopen that is adopting 24 segments (inside the adoption: after some links and before the
+    index write, or after it with WAL names left; or at a random moment), then open again: every
+    acknowledged row once, bit-exact, and the WAL's segments all adopted once."""
+    rng = random.Random(23)
+    for i, (where, at) in enumerate(kills):
+        path = tmp_path / f"b{i}"
+        with lb.ReplayBuffer.open(path, **OPEN) as buf:
+            keys = []
+            for seed in range(24):
+                keys += buf.push(make_rollouts(96, tokens=1024, seed=seed)).to_pylist()
+            rows = buf.get(keys, COLUMNS)
+        proc = subprocess.Popen([sys.executable, "-c", _OPEN_CHILD, str(path), where, str(at)], cwd=ROOT,
+                                stdout=subprocess.PIPE)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"imported"
+        if where == "none":
+            time.sleep(rng.uniform(0.0, 0.2))
+        else:
+            assert proc.stdout.readline().strip() == b"paused", (where, at)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        left = len(list((path / "wal").glob("*.arrow")))
+        if where == "adopt":  # linked, index not written: every segment still in the WAL
+            assert left == 24 and len(list((path / "warm").glob("*.arrow"))) == at
+        elif where == "remove":
+            assert left == 24 - at
+        with lb.ReplayBuffer.open(path, **OPEN) as buf:
+            counts = buf.sql("SELECT count(*) AS n, count(DISTINCT key) AS d FROM rollouts").to_pylist()
+            assert counts == [{"n": len(keys), "d": len(keys)}], (where, at)
+            assert buf.get(keys, COLUMNS).equals(rows)
+            assert buf.stats()["tiers"]["warm"]["rows"] == len(keys)
+        assert not list((path / "wal").glob("*.arrow"))
+        assert len(list((path / "warm").glob("*.arrow"))) == 24  # one fragment a batch: none twice
