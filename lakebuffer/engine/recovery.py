@@ -124,11 +124,9 @@ def recover(s: BufferState, writeback: WriteBack) -> None:
     s.wal.remove_torn()
     s.warm.remove_torn()
     wal_ids = set(s.wal.ids())
-    adopted = writeback.adopt_recovered({b: i for b, i in batches.items() if i.tier == "hot" and b in wal_ids})
+    # hot batches of >= 1 MB become warm fragments unread (their infos say so): the loop takes them as warm
+    writeback.adopt_recovered({b: i for b, i in batches.items() if i.tier == "hot" and b in wal_ids})
     for bid, info in sorted(batches.items()):
-        if bid in adopted:  # now a warm fragment: the segment's rows were not read
-            s.batches[bid] = info
-            continue
         if info.tier == "warm":
             s.batches[bid] = info
             continue

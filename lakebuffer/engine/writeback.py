@@ -153,19 +153,19 @@ class WriteBack:
         seg = s.wal.segment_path(batch_ids[0])
         return seg if seg.exists() else None
 
-    def adopt_recovered(self, batches: dict[int, BatchInfo]) -> set[int]:
+    def adopt_recovered(self, batches: dict[int, BatchInfo]) -> None:
         """A reopen's hot batches, whose rows only their WAL segments hold: each segment becomes the batch's
         warm fragment by a hard link, unread (checked chunk by chunk as reads reach it, like any fragment a
         reopen finds), so a reopen reads the segments' footers, not their rows (issue 23: an open is
-        O(metadata); reading them into RAM made it O(memory_limit_mb)). Returns the batches adopted.
-        Left to be read into the hot tier: a batch under ``PROMOTE_BYTES`` (write-back would coalesce it
+        O(metadata); reading them into RAM made it O(memory_limit_mb)); an adopted batch's info now says
+        warm. Left to be read into the hot tier: a batch under ``PROMOTE_BYTES`` (write-back would coalesce it
         with others rather than keep a small file), and a segment of an older format or another schema.
 
         Crash-safe as a write-back's promotion: a fragment linked before the index write is dropped by
         the next recovery (the index still has its batch in the WAL), a segment left after it is swept."""
         s = self.s
         if s.durability != "wal":
-            return set()
+            return
         adopted: list[tuple[Staged, BatchInfo]] = []
         try:
             for bid, info in sorted(batches.items()):
@@ -173,8 +173,7 @@ class WriteBack:
                 if info.nbytes < PROMOTE_BYTES or not s.warm.adoptable_unread(seg):
                     continue
                 staged = s.warm.adopt(seg, info.rows, check_now=False)
-                info.tier, info.fragment, info.offset = "warm", staged.part, 0
-                info.files, info.checksum, info.nbytes = list(staged.files), staged.checksum, staged.nbytes
+                _place(info, staged, 0)
                 adopted.append((staged, info))
         finally:  # the ones linked so far, in one index write
             if adopted:
@@ -182,7 +181,6 @@ class WriteBack:
                 for staged, info in adopted:
                     s.warm.publish(staged)
                     s.wal.remove(info.batch_id)
-        return {info.batch_id for _, info in adopted}
 
     # the write-back ------------------------------------------------------------------------
     def write_back(self, batch_ids: list[int]) -> None:
@@ -209,8 +207,7 @@ class WriteBack:
             offset = 0
             for b, t in zip(batch_ids, tables):
                 info = s.batches[b]
-                info.tier, info.fragment, info.offset = "warm", staged.part, offset
-                info.files, info.checksum, info.nbytes = list(staged.files), staged.checksum, staged.nbytes
+                _place(info, staged, offset)
                 infos.append(info)
                 offset += t.num_rows
             s.index.set_batches(infos)
@@ -220,3 +217,9 @@ class WriteBack:
                 s.wal.remove(b)
             self.budget.space.notify_all()
         s.catalog.warm_soon()  # a write: the catalog's warm-up waits for the writes to stop
+
+
+def _place(info: BatchInfo, staged: Staged, offset: int) -> None:
+    """``info`` now describes its batch as the rows from ``offset`` of the warm fragment ``staged``."""
+    info.tier, info.fragment, info.offset = "warm", staged.part, offset
+    info.files, info.checksum, info.nbytes = list(staged.files), staged.checksum, staged.nbytes
