@@ -38,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 from rocksdict import AccessType, Options, Rdict, WriteBatch
 
-from .errors import CorruptionError, LakeBufferError, SchemaError, StorageError, error_boundary
+from .errors import CorruptionError, LakeBufferError, SchemaError, StorageError, disk_full, error_boundary, is_disk_full
 
 _LOC = struct.Struct(">QI")
 _LOC_DTYPE = np.dtype([("batch", ">u8"), ("pos", ">u4")])  # the same layout, decoded by NumPy
@@ -154,6 +154,8 @@ def _rocksdb_error(index: KeyIndex, e: BaseException) -> LakeBufferError | None:
     if type(e) is Exception or isinstance(e, OSError):
         if str(e).startswith("Corruption"):
             return CorruptionError(f"index {where}: {e}; run `lakebuffer fsck --repair` on the buffer directory")
+        if is_disk_full(e):  # RocksDB's "IO error: No space left on device": the same error as the WAL's
+            return disk_full(f"writing the key index {where}", e)
         return StorageError(f"index {where}: {e} (free disk space or fix the directory, then reopen)")
     return None
 

@@ -153,3 +153,23 @@ def test_a_full_disk_while_a_segment_is_written_over_a_spare_is_a_clear_error_an
     for b, t in kept.items():
         assert wal.read(b).equals(t)
     small_fs.unmount()
+
+
+def test_the_key_index_meeting_a_full_disk_is_a_disk_full_error(tmp_path):
+    """RocksDB reports ENOSPC only as status text ("IO error: No space left on device"): where the full
+    disk is met while the index appends its log (which of the WAL, a fragment or the index fills the disk
+    first is timing), the error is the same ``DiskFullError`` as the WAL's, naming the index; other IO
+    errors stay plain ``StorageError``."""
+    from lakebuffer.index import KeyIndex, _rocksdb_error
+
+    index = KeyIndex(tmp_path / "index")
+    try:
+        full = _rocksdb_error(index, Exception(
+            f"IO error: No space left on device: While appending to file: {tmp_path}/index/000008.log: "
+            "No space left on device"))
+        assert isinstance(full, lb.DiskFullError) and isinstance(full, lb.StorageError)
+        assert "full" in str(full) and str(tmp_path / "index") in str(full) and "free space" in str(full)
+        other = _rocksdb_error(index, Exception("IO error: Permission denied"))
+        assert isinstance(other, lb.StorageError) and not isinstance(other, lb.DiskFullError)
+    finally:
+        index.close()
