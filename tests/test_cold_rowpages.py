@@ -84,6 +84,97 @@ def test_rows_of_every_column_kind_equal_pyarrows(tmp_path):
     assert reader.counts["rows"] == len(rows)
 
 
+def test_lists_without_nulls_are_decoded_all_pages_at_once_and_equal_pyarrows(tmp_path, monkeypatch):
+    """Token ids and log-probs (lists with no null row, empty list or null item) are decoded by one pass
+    over all their pages (``simple_list_rows``): rows equal pyarrow's at page starts, ends and within,
+    across row groups; a column with nulls in the same take goes page by page, equal too."""
+    import lakebuffer.lake.rowplan as rowplan
+
+    rng = np.random.default_rng(5)
+    n = 400
+    lens = rng.integers(1, 3000, n)  # ~6 KB rows: ~5 a 32 KiB page, many pages a row group
+    offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    ids = pa.ListArray.from_arrays(pa.array(offsets), pa.array(rng.integers(0, 150_000, int(offsets[-1]), dtype=np.int32)))
+    lp = pa.LargeListArray.from_arrays(pa.array(offsets.astype(np.int64)), pa.array(-rng.random(int(offsets[-1]), dtype=np.float32)))
+    with_nulls = pa.ListArray.from_arrays(pa.array(offsets), pa.array(rng.integers(0, 9, int(offsets[-1])),
+                                                                      mask=rng.random(int(offsets[-1])) < 0.05))
+    t = pa.table({"key": [f"k{i:06d}" for i in range(n)], "ids": ids, "lp": lp, "mixed": with_nulls})
+    _write(tmp_path / "f.parquet", t, rows_per_group=150)
+    ref = pq.read_table(tmp_path / "f.parquet").drop_columns([HASH_COLUMN])
+    calls: list[str] = []
+    real = rowplan.simple_list_rows
+
+    def spy(leaf, bodies, which, rows):
+        got = real(leaf, bodies, which, rows)
+        calls.append(f"{leaf.name}:{'pass' if got is not None else 'pages'}")
+        return got
+
+    monkeypatch.setattr(rowplan, "simple_list_rows", spy)
+    reader = RowPages(LakeFS(str(tmp_path)), 1 << 20)
+    entry = _entry(tmp_path, "f.parquet")
+    lay = reader.layout(entry)
+    firsts = sorted({int(lay.row_starts[g]) + int(r) for g in range(len(lay.chunks)) for r in lay.chunks[g]["ids"].pages()[0]})
+    edges = sorted({r for f in firsts for r in (f - 1, f, f + 1) if 0 <= r < n})  # each page's first and last rows
+    rows = np.array(edges + rng.choice(n, 60, replace=False).tolist(), np.int64)
+    got = reader.take(entry, ref.column("key").take(pa.array(rows)).to_pylist(), rows, ["ids", "lp", "mixed"])
+    want = ref.take(pa.array(rows))
+    for c in ["key", "ids", "lp", "mixed"]:
+        assert got.column(c).to_pylist() == want.column(c).to_pylist(), c
+        assert got.column(c).type == want.column(c).type, c
+    assert len(firsts) > 10  # many pages
+    assert sorted(calls) == ["ids:pass", "lp:pass", "mixed:pages"], calls
+
+
+def test_damaged_levels_of_a_list_page_are_refused_not_returned(tmp_path, monkeypatch):
+    """A list page whose levels or values do not hold its rows is refused by the one-pass decoder, or
+    (damage the page CRC did not catch, simulated after the check) its rows fail their digests: a take
+    never returns them."""
+    import lakebuffer.lake.rowplan as rowplan
+    from lakebuffer.lake.pagedecode import Unreadable as Refused
+    from lakebuffer.lake.pagedecode import decompress, page_header, simple_list_rows
+
+    rng = np.random.default_rng(6)
+    lens = rng.integers(1, 3000, 60)
+    offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    t = pa.table({"key": [f"k{i:06d}" for i in range(60)],
+                  "ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(rng.integers(0, 9, int(offsets[-1]), dtype=np.int32)))})
+    _write(tmp_path / "f.parquet", t, rows_per_group=60)
+    reader = RowPages(LakeFS(str(tmp_path)), 1 << 20)
+    entry = _entry(tmp_path, "f.parquet")
+    lay = reader.layout(entry)
+    first, offs, sizes = lay.chunks[0]["ids"].pages()
+    raw = (tmp_path / "f.parquet").read_bytes()[int(offs[1]):int(offs[1]) + int(sizes[1])]
+    ph, comp = page_header(raw)
+    body = np.array(decompress(ph, comp, lay.chunks[0]["ids"].codec))
+    leaf = lay.leaves["ids"]
+    in_page = int(first[2] - first[1])
+    one = np.zeros(1, np.int64)
+    ok = simple_list_rows(leaf, [(ph, body)], one, np.array([in_page - 1]))
+    assert ok is not None and ok.to_pylist() == [t.column("ids")[int(first[1]) + in_page - 1].as_py()]
+    with pytest.raises(Refused, match="beyond"):
+        simple_list_rows(leaf, [(ph, body)], one, np.array([in_page]))
+    with pytest.raises(Refused, match="cut short"):
+        simple_list_rows(leaf, [(ph, body[:len(body) - 4])], one, np.array([0]))
+
+    rows = np.arange(int(first[1]), int(first[2]), dtype=np.int64)  # every row of page 1
+    keys = t.column("key").take(pa.array(rows)).to_pylist()
+    assert reader.take(entry, keys, rows, ["ids"]).column("ids").to_pylist() == t.column("ids").take(pa.array(rows)).to_pylist()
+    real = rowplan.decompress
+    hit = []
+
+    def damaged(ph_, comp_, codec):
+        out = np.array(real(ph_, comp_, codec))
+        if len(out) == len(body) and (out == body).all():  # that page: its levels' first run made longer
+            out[4] ^= 0x02
+            hit.append(1)
+        return out
+
+    monkeypatch.setattr(rowplan, "decompress", damaged)
+    with pytest.raises(Refused):
+        reader.take(entry, keys, rows, ["ids"])
+    assert hit == [1]
+
+
 def test_a_key_that_is_not_the_rows_is_refused_not_returned(tmp_path):
     t = _table()
     _write(tmp_path / "f.parquet", t)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .pagedecode import Unreadable, assemble, decompress, dictionary_of, page_header, page_of
+from .pagedecode import Unreadable, assemble, decompress, dictionary_of, page_header, page_of, simple_list_rows
 from .pagelayout import Layout
 from .rowhash import HASH_COLUMN
 
@@ -88,6 +88,11 @@ def finish_together(plans: list[TakePlan], bodies: list[dict], keys: list[list[s
         local = np.concatenate([p.rows[c][1] for p in plans])
         uniq, inv = np.unique(page_ids, return_inverse=True)
         try:
+            if leaf.is_list and not any(p.dict_of for p in plans):  # token ids, log-probs: all pages at once
+                got = simple_list_rows(leaf, [body(g) for g in uniq.tolist()], inv, local)
+                if got is not None:
+                    arrays[c] = got
+                    continue
             dicts: dict[int, pa.Array] = {}
             pages = []
             for g in uniq.tolist():
