@@ -319,40 +319,48 @@ def simple_list_rows(leaf: Leaf, bodies: list[tuple[Any, np.ndarray]], which: np
     if dt is None or not leaf.is_list or leaf.max_rep != 1:
         return None
     n = len(bodies)
-    counts = np.empty(n, np.int64)
-    at = np.empty(n, np.int64)  # where each page's values start in its body
-    spans = []
+    counts = [0] * n
+    at = [0] * n  # where each page's values start in its body
+    width = dt.itemsize
+    max_def = leaf.max_def
     for p, (ph, body) in enumerate(bodies):
-        dh = ph.data_page_header
-        if ph.type != 0 or dh is None or dh.encoding != PLAIN:
+        head = ph.contents  # the raw fields (PageHeader: 1 type, 5 data page header: 1 num_values, 2 encoding)
+        dh = head.get(5)
+        if head.get(1) != 0 or dh is None or dh.get(2) != PLAIN:
             return None
-        count = int(dh.num_values)
-        n_rep = int.from_bytes(body[:4].tobytes(), "little")
-        pos = 4 + n_rep
-        if leaf.max_def:
-            if not _one_run(body, pos, count, leaf.max_def):
+        count = dh[1]
+        pos = 4 + int.from_bytes(body[:4].tobytes(), "little")
+        if max_def:
+            if not _one_run(body, pos, count, max_def):
                 return None
             pos += 4 + int.from_bytes(body[pos:pos + 4].tobytes(), "little")
-        if len(body) < pos + count * dt.itemsize:
+        if len(body) < pos + count * width:
             raise Unreadable("values cut short")
         counts[p], at[p] = count, pos
-        spans.append((body, n_rep))
-    slot = counts + 64  # bit-packed runs end on multiples of 8 values
-    offs = np.zeros(n, np.int64)
-    np.cumsum(slot[:-1], out=offs[1:])
-    levels = np.empty(int(slot.sum()), np.uint8)
-    for p, (body, n_rep) in enumerate(spans):
-        a, count = int(offs[p]), int(counts[p])
+    slot = np.array(counts, np.int64) + 64  # bit-packed runs end on multiples of 8 values
+    offs_list = [0] * n
+    total = 0
+    for p in range(n):
+        offs_list[p] = total
+        total += counts[p] + 64
+    levels = np.empty(total, np.uint8)
+    for p, (_ph, body) in enumerate(bodies):
+        a, count = offs_list[p], counts[p]
+        n_rep = int.from_bytes(body[:4].tobytes(), "little")
         o = NumpyIO(levels[a:a + count + 64])
         read_rle_bit_packed_hybrid(NumpyIO(body[4:4 + n_rep]), 1, n_rep, o, itemsize=1)
         if o.tell() < count:
             raise Unreadable("levels end early")
-        levels[a + count:a + count + 64] = 1  # past the page's entries: no row starts there
+    for p in range(n):  # past each page's entries: no row starts there
+        a = offs_list[p] + counts[p]
+        levels[a:a + 64] = 1
+    offs = np.array(offs_list, np.int64)
+    counts_a = slot - 64
     starts = np.flatnonzero(levels == 0)  # every row's first entry, all pages
     if not len(starts):
         raise Unreadable("pages without rows")
     first = np.searchsorted(starts, offs)
-    n_rows = np.searchsorted(starts, offs + counts) - first
+    n_rows = np.searchsorted(starts, offs + counts_a) - first
     if (rows >= n_rows[which]).any() or (rows < 0).any():
         raise Unreadable("row beyond its page")
     if (starts[np.minimum(first, len(starts) - 1)] != offs).any():
@@ -360,11 +368,11 @@ def simple_list_rows(leaf: Leaf, bodies: list[tuple[Any, np.ndarray]], which: np
     k = first[which] + rows
     begin = starts[k] - offs[which]
     last = rows + 1 >= n_rows[which]
-    end = np.where(last, counts[which], starts[np.minimum(k + 1, len(starts) - 1)] - offs[which])
+    end = np.where(last, counts_a[which], starts[np.minimum(k + 1, len(starts) - 1)] - offs[which])
     lengths = end - begin
-    width = dt.itemsize
+    at_a = np.array(at, np.int64)[which]
     parts = [bodies[p][1][a:b].view(dt) for p, a, b in
-             zip(which.tolist(), (at[which] + begin * width).tolist(), (at[which] + end * width).tolist())]
+             zip(which.tolist(), (at_a + begin * width).tolist(), (at_a + end * width).tolist())]
     vals = np.concatenate(parts) if parts else np.zeros(0, dt)
     items = _values_array(leaf.arrow.value_type, vals, None)
     odt = np.int64 if pa.types.is_large_list(leaf.arrow) else np.int32
