@@ -4,7 +4,8 @@ Why our own: the row reader decodes only the pages holding asked rows, which no 
 offers per page (pyarrow decodes whole column chunks; DataFusion plans a scan per file). The Thrift
 headers and RLE/bit-packed levels are fastparquet's decoders; values are numpy views of the page.
 What is decoded: v1 data pages, PLAIN values (and dictionary-coded strings) of fixed-width numbers,
-booleans, fixed-size binary, strings, and one-level lists of numbers with nulls at either level.
+booleans, fixed-size binary, strings, and one-level lists of numbers with nulls at either level
+(``page_of``, a page at a time; lists without nulls, every page of a take at once: ``simple_list_rows``).
 Anything else raises ``Unreadable`` and the caller reads the file the older way.
 """
 
