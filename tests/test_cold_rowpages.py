@@ -175,6 +175,39 @@ def test_damaged_levels_of_a_list_page_are_refused_not_returned(tmp_path, monkey
     assert hit == [1]
 
 
+def test_a_page_header_claiming_absurd_sizes_is_damage_refused_before_any_allocation(tmp_path):
+    """A page's header is outside its CRC: one whose uncompressed size or value count is beyond any page
+    the writer makes (a flipped varint byte) is ``PageDamaged`` before a decoder sizes anything by it."""
+    import warnings
+
+    from lakebuffer.lake.pagedecode import MAX_PAGE_BYTES, MAX_PAGE_ENTRIES, PageDamaged, page_header
+
+    with warnings.catch_warnings():  # fastparquet's import asks pandas for an option pandas 3 deprecates
+        warnings.simplefilter("ignore")
+        from fastparquet.cencoding import ThriftObject
+
+    t = _table()
+    _write(tmp_path / "f.parquet", t)
+    reader = RowPages(LakeFS(str(tmp_path)), 1 << 20)
+    lay = reader.layout(_entry(tmp_path, "f.parquet"))
+    _first, offs, sizes = lay.chunks[0]["logprobs"].pages()
+    raw = (tmp_path / "f.parquet").read_bytes()[int(offs[0]):int(offs[0]) + int(sizes[0])]
+    ph, comp = page_header(raw)
+    body = bytes(comp)
+
+    def with_header(change) -> bytes:
+        fields = dict(ph.contents)
+        fields[5] = dict(fields[5])
+        change(fields)
+        return bytes(ThriftObject("PageHeader", fields).to_bytes()) + body
+
+    assert page_header(with_header(lambda f: None))[0].contents[2] == ph.contents[2]  # re-serialized: still a page
+    with pytest.raises(PageDamaged, match="claims"):
+        page_header(with_header(lambda f: f.__setitem__(2, MAX_PAGE_BYTES + 1)))
+    with pytest.raises(PageDamaged, match="claims"):
+        page_header(with_header(lambda f: f[5].__setitem__(1, MAX_PAGE_ENTRIES + 1)))
+
+
 def test_a_key_that_is_not_the_rows_is_refused_not_returned(tmp_path):
     t = _table()
     _write(tmp_path / "f.parquet", t)

@@ -25,6 +25,11 @@ REQUIRED, OPTIONAL, REPEATED = 0, 1, 2
 FIXED = {1: np.dtype("<i4"), 2: np.dtype("<i8"), 4: np.dtype("<f4"), 5: np.dtype("<f8")}  # INT32 INT64 FLOAT DOUBLE
 BOOLEAN, BYTE_ARRAY, FLBA = 0, 6, 7
 DICT_ENCODINGS = (2, 8)  # PLAIN_DICTIONARY, RLE_DICTIONARY
+#: no page of a lake file is larger than this uncompressed, nor has more level entries (the writer's pages
+#: are ~32 KiB, or one row): a header claiming more is damaged (a header is outside its page's CRC) and is
+#: refused before a decoder allocates from it
+MAX_PAGE_BYTES = 256 << 20
+MAX_PAGE_ENTRIES = 16 << 20
 
 
 class Unreadable(Exception):
@@ -132,6 +137,10 @@ def page_header(raw: bytes | memoryview) -> tuple[Any, np.ndarray]:
         raise Unreadable("a page without a CRC (another writer's file)")
     if (crc32(comp) & 0xFFFFFFFF) != (ph.crc & 0xFFFFFFFF):
         raise PageDamaged(f"a page fails its CRC ({len(comp)} bytes)")
+    fields = ph.contents  # (raw Thrift fields: 2 uncompressed size; 5, 7, 8 the page kinds' headers, 1 their entries)
+    kind = fields.get(5) or fields.get(8) or fields.get(7) or {}
+    if not 0 <= fields.get(2, 0) <= MAX_PAGE_BYTES or not 0 <= kind.get(1, 0) <= MAX_PAGE_ENTRIES:
+        raise PageDamaged(f"a page header claims {fields.get(2)} bytes and {kind.get(1)} values")
     return ph, comp
 
 
