@@ -22,31 +22,19 @@ import os
 import random
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cold_bytes_vs_lance import read_bytes  # noqa: E402 - the disk's bytes of this process
+from cold_scale import evict_cache  # noqa: E402 - a directory's pages out of the page cache
+
 COLUMN = "response_ids"
 HEAD = 4096
-
-
-def read_bytes() -> int:
-    with open("/proc/self/io") as f:
-        for line in f:
-            if line.startswith("read_bytes"):
-                return int(line.split()[1])
-    return 0
-
-
-def evict(paths: list[str]) -> None:
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def rewrite(src: list[str], dst: str) -> list[str]:
@@ -173,7 +161,6 @@ def main() -> None:
         plain = rewrite(src, tmp)
         zl, pl = [layout(p) for p in src], [layout(p) for p in plain]
         ds = lance.dataset(str(base / "data.lance"))
-        lance_files = [p for p in glob.glob(str(base / "data.lance" / "**" / "*"), recursive=True) if os.path.isfile(p)]
         rng = random.Random(7)
         got: dict[str, list[tuple[float, float]]] = {"zstd pages, whole": [], "plain pages, head then row": [], "Lance take": []}
         for t in range(a.trials):
@@ -188,7 +175,8 @@ def main() -> None:
             if t % 2:
                 ops.reverse()
             for name, fn in ops:
-                evict(src + plain + lance_files)
+                for folder in (base / "lake", tmp, base / "data.lance"):
+                    evict_cache(str(folder))
                 b0, t0 = read_bytes(), time.perf_counter()
                 fn()
                 got[name].append(((time.perf_counter() - t0) * 1e3, (read_bytes() - b0) / 1e6))

@@ -307,12 +307,16 @@ def assemble(leaf: Leaf, pages: list[Page], which: np.ndarray, rows: np.ndarray)
         lengths[i] = b - a
     vals = np.concatenate(parts) if parts else np.zeros(0, np.int64)
     items = _values_array(leaf.arrow.value_type, vals, np.concatenate(item_parts) if item_parts else None)
-    odt = np.int64 if pa.types.is_large_list(leaf.arrow) else np.int32
-    offsets = np.zeros(n + 1, odt)
+    return _list_array(leaf, lengths, items, None if valid is None or valid.all() else pa.array(~valid))
+
+
+def _list_array(leaf: Leaf, lengths: np.ndarray, items: pa.Array, mask: pa.Array | None) -> pa.Array:
+    """The list column ``leaf`` of rows with ``lengths`` items each, from their ``items`` in order."""
+    large = pa.types.is_large_list(leaf.arrow)
+    offsets = np.zeros(len(lengths) + 1, np.int64 if large else np.int32)
     np.cumsum(lengths, out=offsets[1:])
-    mask = None if valid is None or valid.all() else pa.array(~valid)
-    return pa.ListArray.from_arrays(pa.array(offsets), items, type=leaf.arrow, mask=mask) if odt is np.int32 else \
-        pa.LargeListArray.from_arrays(pa.array(offsets), items, type=leaf.arrow, mask=mask)
+    cls = pa.LargeListArray if large else pa.ListArray
+    return cls.from_arrays(pa.array(offsets), items, type=leaf.arrow, mask=mask)
 
 
 def simple_list_rows(leaf: Leaf, bodies: list[tuple[Any, np.ndarray]], which: np.ndarray,
@@ -328,49 +332,38 @@ def simple_list_rows(leaf: Leaf, bodies: list[tuple[Any, np.ndarray]], which: np
     dt = FIXED.get(leaf.physical)
     if dt is None or not leaf.is_list or leaf.max_rep != 1:
         return None
-    n = len(bodies)
-    counts = [0] * n
-    at = [0] * n  # where each page's values start in its body
     width = dt.itemsize
-    max_def = leaf.max_def
-    for p, (ph, body) in enumerate(bodies):
+    pages = []  # per page: (its levels' bytes, entries, where its values start in its body)
+    for ph, body in bodies:
         head = ph.contents  # the raw fields (PageHeader: 1 type, 5 data page header: 1 num_values, 2 encoding)
         dh = head.get(5)
         if head.get(1) != 0 or dh is None or dh.get(2) != PLAIN:
             return None
         count = dh[1]
-        pos = 4 + int.from_bytes(body[:4].tobytes(), "little")
-        if max_def:
-            if not _one_run(body, pos, count, max_def):
+        n_rep = int.from_bytes(body[:4].tobytes(), "little")
+        pos = 4 + n_rep
+        if leaf.max_def:
+            if not _one_run(body, pos, count, leaf.max_def):
                 return None
             pos += 4 + int.from_bytes(body[pos:pos + 4].tobytes(), "little")
         if len(body) < pos + count * width:
             raise Unreadable("values cut short")
-        counts[p], at[p] = count, pos
-    slot = np.array(counts, np.int64) + 64  # bit-packed runs end on multiples of 8 values
-    offs_list = [0] * n
-    total = 0
-    for p in range(n):
-        offs_list[p] = total
-        total += counts[p] + 64
-    levels = np.empty(total, np.uint8)
-    for p, (_ph, body) in enumerate(bodies):
-        a, count = offs_list[p], counts[p]
-        n_rep = int.from_bytes(body[:4].tobytes(), "little")
+        pages.append((n_rep, count, pos))
+    counts = np.array([c for _r, c, _a in pages], np.int64)
+    offs = np.zeros(len(pages), np.int64)  # where each page's levels start in ``levels``
+    np.cumsum(counts[:-1] + 64, out=offs[1:])  # 64 spare: bit-packed runs end on multiples of 8 values
+    levels = np.empty(int(counts.sum()) + 64 * len(pages), np.uint8)
+    for (_ph, body), (n_rep, count, _at), a in zip(bodies, pages, offs.tolist()):
         o = NumpyIO(levels[a:a + count + 64])
         read_rle_bit_packed_hybrid(NumpyIO(body[4:4 + n_rep]), 1, n_rep, o, itemsize=1)
         if o.tell() < count:
             raise Unreadable("levels end early")
-    for p in range(n):  # past each page's entries: no row starts there
-        a = offs_list[p] + counts[p]
-        levels[a:a + 64] = 1
-    offs = np.array(offs_list, np.int64)
-    counts_a = slot - 64
+        levels[a + count:a + count + 64] = 1  # past the page's entries: no row starts there
     starts = np.flatnonzero(levels == 0)  # every row's first entry, all pages
     if not len(starts):
         raise Unreadable("pages without rows")
     first = np.searchsorted(starts, offs)
-    n_rows = np.searchsorted(starts, offs + counts_a) - first
+    n_rows = np.searchsorted(starts, offs + counts) - first
     if (rows >= n_rows[which]).any() or (rows < 0).any():
         raise Unreadable("row beyond its page")
     if (starts[np.minimum(first, len(starts) - 1)] != offs).any():
@@ -378,15 +371,9 @@ def simple_list_rows(leaf: Leaf, bodies: list[tuple[Any, np.ndarray]], which: np
     k = first[which] + rows
     begin = starts[k] - offs[which]
     last = rows + 1 >= n_rows[which]
-    end = np.where(last, counts_a[which], starts[np.minimum(k + 1, len(starts) - 1)] - offs[which])
-    lengths = end - begin
-    at_a = np.array(at, np.int64)[which]
+    end = np.where(last, counts[which], starts[np.minimum(k + 1, len(starts) - 1)] - offs[which])
+    at = np.array([a for _r, _c, a in pages], np.int64)[which]
     parts = [bodies[p][1][a:b].view(dt) for p, a, b in
-             zip(which.tolist(), (at_a + begin * width).tolist(), (at_a + end * width).tolist())]
+             zip(which.tolist(), (at + begin * width).tolist(), (at + end * width).tolist())]
     vals = np.concatenate(parts) if parts else np.zeros(0, dt)
-    items = _values_array(leaf.arrow.value_type, vals, None)
-    odt = np.int64 if pa.types.is_large_list(leaf.arrow) else np.int32
-    offsets = np.zeros(len(rows) + 1, odt)
-    np.cumsum(lengths, out=offsets[1:])
-    cls = pa.LargeListArray if odt is np.int64 else pa.ListArray
-    return cls.from_arrays(pa.array(offsets), items, type=leaf.arrow)
+    return _list_array(leaf, end - begin, _values_array(leaf.arrow.value_type, vals, None), None)

@@ -88,7 +88,7 @@ def finish_together(plans: list[TakePlan], bodies: list[dict], keys: list[list[s
         local = np.concatenate([p.rows[c][1] for p in plans])
         uniq, inv = np.unique(page_ids, return_inverse=True)
         try:
-            if leaf.is_list and not any(p.dict_of for p in plans):  # token ids, log-probs: all pages at once
+            if leaf.is_list:  # token ids, log-probs: all pages at once (others: None, page by page below)
                 got = simple_list_rows(leaf, [body(g) for g in uniq.tolist()], inv, local)
                 if got is not None:
                     arrays[c] = got
