@@ -172,6 +172,21 @@ class CountingProxy:
             s.close()
 
 
+class RequestLog:
+    """Counts the requests moto served since the last call, from its request log (one line each):
+    on moto every ranged GET reads the whole object, so requests, not bytes, are what a call costs there."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset = path, path.stat().st_size if path.exists() else 0
+
+    def since_last(self) -> int:
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            new = f.read()
+        self.offset += len(new)
+        return new.count(b'" 20')  # request lines answered 200 / 206 (the log has other lines too)
+
+
 def proxy_counts(control_port: int) -> tuple[int, int]:
     """(bytes down, bytes up) so far through the proxy whose control port is given."""
     with socket.create_connection(("127.0.0.1", control_port)) as c:
@@ -382,7 +397,7 @@ def where_for(rows: int) -> str:
 class Side:
     """One size, opened for the in-process loop."""
 
-    def __init__(self, t: Target, n_keys: int, seed: int, evict: bool) -> None:
+    def __init__(self, t: Target, n_keys: int, seed: int, evict: bool, requests: RequestLog | None = None) -> None:
         import lance
 
         import lakebuffer as lb
@@ -416,6 +431,8 @@ class Side:
         self.where = where_for(self.rows)
         self.where_share = self.buf.count(self.where) / self.rows
         self.times: dict[str, list[float]] = {k: [] for k in ("get", "lance", "sample", "lance_sample")}
+        self.requests_log = requests
+        self.requests: dict[str, list[int]] = {k: [] for k in self.times}
         self.first: dict[str, float] = {}
         self.same_rows: bool | None = None
         st = self.buf.stats()
@@ -464,9 +481,13 @@ class Side:
         if r % 4 >= 2:
             ops = ops[2:] + ops[:2]
         for name, fn in ops:
+            if self.requests_log:
+                self.requests_log.since_last()
             t0 = time.perf_counter()
             fn()
             dt = time.perf_counter() - t0
+            if self.requests_log and r:
+                self.requests[name].append(self.requests_log.since_last())
             if r == 0:
                 self.first[name] = dt
             else:
@@ -488,6 +509,8 @@ class Side:
                "first_ms": {k: round(v * 1e3, 1) for k, v in self.first.items()}}
         for k, xs in self.times.items():
             out[k] = summary(xs)
+        if any(self.requests.values()):
+            out["s3_requests_p50"] = {k: float(np.median(v)) for k, v in self.requests.items() if v}
         out["get_over_lance_p50"] = round(out["get"]["p50_ms"] / out["lance"]["p50_ms"], 2)
         out["get_p99_over_p50"] = round(out["get"]["p99_ms"] / out["get"]["p50_ms"], 2)
         out["sample_over_lance_p50"] = round(out["sample"]["p50_ms"] / out["lance_sample"]["p50_ms"], 2)
@@ -496,7 +519,7 @@ class Side:
 
 
 def measure(targets: list[Target], infos: list[dict], calls: int, n_keys: int, seed: int, scratch: Path,
-            moto_port: int | None, children: bool, evict: bool = False) -> list[dict]:
+            moto_port: int | None, children: bool, evict: bool = False, requests: RequestLog | None = None) -> list[dict]:
     # children first: the buffers must be closed while another process opens them
     kids: list[dict] = []
     for t, info in zip(targets, infos):
@@ -507,7 +530,7 @@ def measure(targets: list[Target], infos: list[dict], calls: int, n_keys: int, s
                 print(f"  {t.mb} MB: {op} child", flush=True)
                 k[op] = run_child(op, t, scratch, where, n_keys, moto_port)
         kids.append(k)
-    sides = [Side(t, n_keys, seed + i, evict) for i, t in enumerate(targets)]
+    sides = [Side(t, n_keys, seed + i, evict, requests) for i, t in enumerate(targets)]
     try:
         for r in range(calls + 1):
             order = sides if r % 2 == 0 else sides[::-1]
@@ -545,7 +568,10 @@ def scale_ratios(results: list[dict]) -> dict | None:
     return {"small_mb": lo["mb"], "big_mb": hi["mb"],
             "get_p50": round(hi["get"]["p50_ms"] / lo["get"]["p50_ms"], 2),
             "sample_p50": round(hi["sample"]["p50_ms"] / lo["sample"]["p50_ms"], 2),
-            "lance_p50": round(hi["lance"]["p50_ms"] / lo["lance"]["p50_ms"], 2)}
+            "lance_p50": round(hi["lance"]["p50_ms"] / lo["lance"]["p50_ms"], 2),
+            **({"s3_requests_get_p50": round(hi["s3_requests_p50"]["get"] / max(lo["s3_requests_p50"]["get"], 1), 2),
+                "s3_requests_lance_p50": round(hi["s3_requests_p50"]["lance"] / max(lo["s3_requests_p50"]["lance"], 1), 2)}
+               if "s3_requests_p50" in hi and "s3_requests_p50" in lo else {})}
 
 
 def markdown(doc: dict) -> str:
@@ -586,6 +612,9 @@ def markdown(doc: dict) -> str:
     row("resume: open s, 1st sample+get s", lambda r: f"{r['resume']['open_s']} / {r['resume']['first_call_s']}")
     row("resume 1st call / steady sample p50", lambda r: r["resume"]["first_over_steady_sample_p50"], "<= 3")
     row("rows equal (get vs Lance)", lambda r: r["same_rows_round0"])
+    if all("s3_requests_p50" in r for r in doc["results"]):
+        row("S3 requests a call p50: get / Lance / sample+get / Lance", lambda r: " / ".join(
+            f"{r['s3_requests_p50'][k]:.0f}" for k in ("get", "lance", "sample", "lance_sample")))
     sr = doc.get("scale")
     if sr:
         lines += ["", f"{sr['big_mb']} MB over {sr['small_mb']} MB p50: get {sr['get_p50']}x, sample+get "
@@ -633,7 +662,7 @@ def main() -> None:
             if a.reuse:
                 raise SystemExit("--reuse cannot apply to --s3: moto keeps its objects in its process")
             os.environ["TMPDIR"] = str(scratch)  # moto spools objects over 5 MB to temp files: keep them here
-            moto = MotoServer().start()
+            moto = MotoServer(log_path=str(scratch / "moto_requests.log")).start()
             s3 = {"endpoint": moto.endpoint, "bucket": moto.bucket}
             shutil.rmtree(a.root / "s3", ignore_errors=True)
         targets = [Target(a.root, mb, s3) for mb in a.mb]
@@ -652,7 +681,8 @@ def main() -> None:
         if a.build_only:
             return
         doc["results"] = measure(targets, infos, a.calls, a.keys, a.seed, scratch,
-                                 moto.port if moto else None, not a.no_children, a.evict_cache)
+                                 moto.port if moto else None, not a.no_children, a.evict_cache,
+                                 RequestLog(Path(moto.log_path)) if moto else None)
         doc["scale"] = scale_ratios(doc["results"])
         doc["load_end"] = loadavg()
         md = markdown(doc)
