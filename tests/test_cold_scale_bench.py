@@ -36,3 +36,16 @@ def test_cold_scale_smoke(tmp_path: Path) -> None:
     again = _run(tmp_path, "--reuse", "--no-children")  # measure only: the same build, nothing pushed
     assert again["results"][0]["rows"] == r["rows"] == built["pushed_rows"]
     assert "reopen" not in again["results"][0]
+
+
+@pytest.mark.slow
+def test_cold_scale_on_moto_counts_the_requests_of_each_call(tmp_path: Path) -> None:
+    """``--s3`` builds on a moto server of its own and counts, from its request log, the requests each timed
+    call made: a get of cold keys and Lance's take of them both reach the server (the figures that say how
+    much of an S3 call is the server's per-request cost)."""
+    doc = _run(tmp_path, "--s3", "--no-children")
+    (r,) = doc["results"]
+    assert r["same_rows_round0"] is True
+    requests = r["s3_requests_p50"]
+    assert requests["get"] > 0 and requests["lance"] > 0 and requests["lance_sample"] > 0
+    assert "S3 requests a call" in (tmp_path / "out.md").read_text()
