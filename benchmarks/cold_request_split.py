@@ -2,9 +2,9 @@
 
     PYTHONPATH=. python benchmarks/cold_request_split.py --root /work/cs-fresh --mb 2048 8192
 
-Counts the reader's own plans (``RowPages._merged``) with the object-store merge gap (1 MiB) on the local
-``cold_scale.py`` builds, so no S3 server is needed: the totals equal what moto's request log counts for the
-same lakes (``cold_scale.py --s3``). Payload pages and each row's digest bytes (``RAW`` spans) are also
+Counts the reader's own plans, merged as the reader merges them (``rowpages.merged_ranges``) with the
+object-store gap (1 MiB), on the local ``cold_scale.py`` builds, so no S3 server is needed: the totals are
+what moto's request log counts for the same lakes (``cold_scale.py --s3``), within the spread of random keys. Payload pages and each row's digest bytes (``RAW`` spans) are also
 merged apart, to say what keeping the digests elsewhere would save. Medians over ``--calls`` gets of 256
 random cold keys.
 """
@@ -20,17 +20,7 @@ from cold_scale import COLS, Target
 
 import lakebuffer as lb
 from lakebuffer.lake import rowpages
-from lakebuffer.lake.rowplan import RAW
-
-
-def merged_count(spans: list[tuple[int, int]], gap: int) -> int:
-    ends: list[int] = []
-    for off, size in sorted(spans):
-        if ends and off <= ends[-1] + gap:
-            ends[-1] = max(ends[-1], off + size)
-        else:
-            ends.append(off + size)
-    return len(ends)
+from lakebuffer.lake.rowplan import RAW, TakePlan
 
 
 def main() -> None:
@@ -42,12 +32,11 @@ def main() -> None:
     counts = {"all": 0, "payload": 0, "digests": 0}
     merged = rowpages.RowPages._merged
 
-    def counting(self: rowpages.RowPages, plan: object) -> list[list[int]]:
+    def counting(self: rowpages.RowPages, plan: TakePlan) -> list[list[int]]:
         raw = [s for s, n in plan.wanted.items() if plan.codecs.get(n) == RAW]
         other = [s for s, n in plan.wanted.items() if plan.codecs.get(n) != RAW]
-        counts["all"] += merged_count(list(plan.wanted), rowpages.OBJECT_MERGE_GAP)
-        counts["payload"] += merged_count(other, rowpages.OBJECT_MERGE_GAP)
-        counts["digests"] += merged_count(raw, rowpages.OBJECT_MERGE_GAP)
+        for name, spans in (("all", plan.wanted), ("payload", other), ("digests", raw)):
+            counts[name] += len(rowpages.merged_ranges(spans, rowpages.OBJECT_MERGE_GAP))
         return merged(self, plan)
 
     rowpages.RowPages._merged = counting
@@ -55,7 +44,7 @@ def main() -> None:
         t = Target(a.root, mb, None)
         buf = lb.ReplayBuffer.open(t.buf, **t.open_kwargs())
         try:
-            cold = buf.sql("SELECT key FROM cold_rows").column("key").to_pylist()
+            cold = buf.sql("SELECT key FROM cold_rows ORDER BY key").column("key").to_pylist()
             rng = np.random.default_rng(0)
             seen: dict[str, list[int]] = {k: [] for k in counts}
             for _ in range(a.calls):

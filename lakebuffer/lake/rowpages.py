@@ -30,7 +30,7 @@ import bisect
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -65,6 +65,17 @@ FETCH_THREADS = 8  # files whose pages are read at once (an object store's, or l
 OVERLAP_BYTES = 2 << 20
 ANNOUNCE_AHEAD = 64 << 20  # ... announced at most this many bytes of pages ahead of the part being read
 
+
+def merged_ranges(spans: Iterable[tuple[int, int]], gap: int) -> list[list[int]]:
+    """``(offset, size)`` spans as ``[start, end)`` ranges in file order, those closer than ``gap`` joined:
+    what one read (one request, on an object store) covers."""
+    merged: list[list[int]] = []
+    for off, size in sorted(spans):
+        if merged and off <= merged[-1][1] + gap:
+            merged[-1][1] = max(merged[-1][1], off + size)
+        else:
+            merged.append([off, off + size])
+    return merged
 
 class WouldBlock(Exception):
     """A read ``RWF_NOWAIT`` refused: the bytes are not in the page cache."""
@@ -460,14 +471,7 @@ class RowPages:
 
     def _merged(self, plan: TakePlan) -> list[list[int]]:
         """The plan's page ranges in file order, those closer than the merge gap joined."""
-        merged: list[list[int]] = []
-        gap = MERGE_GAP if self.store.native_local else OBJECT_MERGE_GAP
-        for off, size in sorted(plan.wanted):
-            if merged and off <= merged[-1][1] + gap:
-                merged[-1][1] = max(merged[-1][1], off + size)
-            else:
-                merged.append([off, off + size])
-        return merged
+        return merged_ranges(plan.wanted, MERGE_GAP if self.store.native_local else OBJECT_MERGE_GAP)
 
     def _in_page_cache(self, entry: dict, plan: TakePlan) -> bool:
         """Whether the first byte of the plan's first page is in the page cache (an unreadable file: as
