@@ -13,6 +13,7 @@ usage: python -m tests.exit_child URI STORAGE_OPTIONS_JSON [--exit return|sysexi
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import sys
 import threading
@@ -29,8 +30,11 @@ from deltalake.transaction import AddAction, CommitProperties, create_table_with
 
 from lakebuffer.lake import runtime
 
+WATCHDOG_S = 50  # under test_exit_safety's 60 s kill: a hang leaves every thread's stack in stderr (exit code 1)
+
 
 def main() -> None:
+    faulthandler.dump_traceback_later(WATCHDOG_S, exit=True)
     ap = argparse.ArgumentParser()
     ap.add_argument("uri")
     ap.add_argument("storage_options")

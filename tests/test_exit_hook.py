@@ -3,9 +3,11 @@ because the hook's "exiting" state is for the life of a process."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,3 +83,30 @@ def test_arrow_filesystem_is_native() -> None:
         print("ok")
     """)
     assert p.returncode == 0 and "ok" in p.stdout, p.stderr
+
+
+def test_a_worker_parked_at_exit_does_not_hold_the_hook_until_its_deadline() -> None:
+    """A registered daemon worker that finishes its running task with a new lake call after the hook began
+    is parked there for good (issue 24); the hook must go on at once, not join it until EXIT_WAIT_S (a
+    buffer child exiting with a periodic snapshot in flight was killed as hung in CI this way)."""
+    code = """
+        import os, threading, time
+        from lakebuffer.lake import runtime
+        started = threading.Event()
+        def worker():
+            started.set()
+            while not runtime.exiting():
+                time.sleep(0.01)
+            time.sleep(0.2)  # the stop asked it to finish its task: the task's last step calls the lake
+            with runtime.native_call("the running task's last lake call"):
+                pass
+        t = threading.Thread(target=worker, daemon=True); runtime.register_thread(t, lambda: None); t.start()
+        started.wait()
+        print("exiting", flush=True)
+    """
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, cwd=REPO, timeout=120,
+                       env=dict(os.environ, LAKEBUFFER_EXIT_WAIT_S="30"))
+    took = time.monotonic() - t0
+    assert p.returncode == 0 and "exiting" in p.stdout, p.stderr
+    assert took < 15, f"the exit hook waited {took:.1f} s for a parked thread (deadline 30 s)"

@@ -78,7 +78,7 @@ def run_children(targets: list[tuple[str, dict[str, str]]], n: int, *, unsafe: b
         expected = 1 if how == "exception" else 0
         bad = rc != expected or any(m in err for m in BAD_MARKS) or '"rows"' not in out
         return {"i": i, "buffer": "--buffer" in cmd, "target": uri.split("://")[0] if "://" in uri else "local", "exit": how, "imports": imports,
-                "rc": rc, "bad": bad, "stderr": err[-1500:]}
+                "rc": rc, "bad": bad, "stderr": err[-6000:]}
 
     with ThreadPoolExecutor(parallel) as ex:
         return list(ex.map(one, range(n)))

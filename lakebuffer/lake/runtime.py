@@ -82,6 +82,7 @@ _installed = False
 _exiting_for_real = False
 _hook_done = False  # the atexit hook has returned: finalization may run at any moment
 _threads: list[tuple[threading.Thread, Callable[[], None] | None]] = []
+_parked: set[int] = set()  # idents of daemon threads parked for good at exit (outside native code: done for the hook)
 _mine = threading.local()  # this thread's native calls in flight (nested brackets count once each)
 
 
@@ -127,6 +128,10 @@ def enter_native(what: str = "lake call", refuse: bool = True) -> None:
             # The interpreter is exiting: an exception would unwind this thread through more native code
             # (deallocs that release the GIL) while finalization runs, which is what aborts. Park it: the
             # process ends with it blocked here, outside native code (issue 24; CPython 3.14 does the same).
+            # The hook must not join it until its deadline: a parked thread is as good as stopped.
+            with _cond:
+                _parked.add(me.ident or 0)
+                _cond.notify_all()
             threading.Event().wait()
         raise LakeExitingError(f"{what} refused: the interpreter is exiting")
 
@@ -246,15 +251,24 @@ def shutdown(timeout_s: float | None = None) -> bool:
     me = threading.current_thread()
     for t, _ in threads:
         if t is not me and t.ident is not None:
-            t.join(max(0.0, deadline - time.monotonic()))
+            _join_unless_parked(t, deadline)
     with _cond:
         while _inflight and _cond.wait(max(0.0, deadline - time.monotonic())):
             pass
         left = _inflight
-    alive = [t.name for t, _ in threads if t.is_alive() and t is not me]
+    alive = [t.name for t, _ in threads if t.is_alive() and t is not me and t.ident not in _parked]
     if left or alive:
         log.warning("lakebuffer: %d lake call(s) and threads %s still running at exit after %.0f s", left, alive, EXIT_WAIT_S)
     return not left and not alive
+
+
+def _join_unless_parked(thread: threading.Thread, deadline: float) -> None:
+    """Wait until ``thread`` ends or parks at exit (``enter_native``), or the deadline passes."""
+    while thread.is_alive() and time.monotonic() < deadline:
+        with _cond:
+            if thread.ident in _parked:
+                return
+        thread.join(min(0.02, max(0.0, deadline - time.monotonic())))
 
 
 # ---- native filesystems for Arrow ---------------------------------------------------------
