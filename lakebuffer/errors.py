@@ -50,6 +50,10 @@ class LakeError(LakeBufferError, OSError):
     """The cold lake (S3 or fsspec URL) could not be read or written."""
 
 
+class LakeExitingError(LakeError):
+    """A lake call was started while the interpreter is exiting; it is refused instead of racing finalization."""
+
+
 class DiskFullError(StorageError):
     """A filesystem the buffer writes to is full (ENOSPC). The write that failed stored nothing and
     everything acknowledged before stays durable: free space (or set ``disk_limit_gb`` /

@@ -110,3 +110,34 @@ def test_a_worker_parked_at_exit_does_not_hold_the_hook_until_its_deadline() -> 
     took = time.monotonic() - t0
     assert p.returncode == 0 and "exiting" in p.stdout, p.stderr
     assert took < 15, f"the exit hook waited {took:.1f} s for a parked thread (deadline 30 s)"
+
+
+def test_an_exit_during_a_snapshot_says_where_the_rows_are_and_loses_none(tmp_path) -> None:
+    """A process that exits while a snapshot is under way (no ``close()``): Python's shutdown refuses
+    the snapshot's next piece of work, so it is cut short. The user reads where the rows are (a
+    warning, not a "snapshot failed ... retried at the next one" error, which no next one follows),
+    and the next open has every row and takes them to the lake."""
+    child = f"""
+        import threading
+        import lakebuffer as lb
+        from tests.rollouts import make_rollouts
+        buf = lb.ReplayBuffer.open({str(tmp_path / "buf")!r}, lake={str(tmp_path / "lake")!r}, run_id="r",
+                                   snapshot_interval_s=0, memory_limit_mb=64)
+        for i in range(40):
+            buf.push(make_rollouts(64, tokens=512, seed=i))
+        underway = threading.Event()
+        buf.snapshot(wait=False, progress=lambda done, total: underway.set())
+        assert underway.wait(60)
+        print("exiting", len(buf), flush=True)
+    """
+    p = run(child)
+    assert p.returncode == 0 and "exiting 2560" in p.stdout, p.stderr
+    assert "go to the lake at the next open" in p.stderr, p.stderr
+    assert "failed" not in p.stderr and "Traceback" not in p.stderr, p.stderr
+    import lakebuffer as lb
+
+    with lb.ReplayBuffer.open(tmp_path / "buf", lake=str(tmp_path / "lake"), run_id="r", snapshot_interval_s=0) as buf:
+        assert len(buf) == 2560
+        buf.snapshot(wait=True)
+        assert buf.stats()["cold"]["rows"] == 2560
+        assert buf.sql("SELECT count(DISTINCT key) AS n FROM rollouts").column("n")[0].as_py() == 2560

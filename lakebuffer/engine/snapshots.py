@@ -21,7 +21,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from ..errors import CorruptionError, LakeError, OptionError
-from ..lake import Lake
+from ..lake import Lake, runtime
 from ..lake.location import require_parent
 from . import resume
 from .deadline import bounded_call, bounded_iter
@@ -246,13 +246,24 @@ class Snapshots:
                     # the upload stops at its next batch; if its commit still lands, reconcile() sees it
                     cancel.set()
                     raise self._overdue("snapshot") from None
-            except LakeError as e:
-                self._last["error"] = str(e)
-                log.error("snapshot to %s failed (it is retried at the next one): %s", self.lake_url, e)
+            except (LakeError, RuntimeError) as e:
+                self._last["error"] = f"{type(e).__name__}: {e}"
+                if runtime.interpreter_exiting():  # Python refuses new work to its executors from here on
+                    raise self._cut_by_exit() from e
+                if isinstance(e, LakeError):
+                    log.error("snapshot to %s failed (it is retried at the next one): %s", self.lake_url, e)
                 raise
             except BaseException as e:
                 self._last["error"] = f"{type(e).__name__}: {e}"
                 raise
+
+    def _cut_by_exit(self) -> runtime.LakeExitingError:
+        """A snapshot the process's exit cut short: nothing is lost (the rows are in the local WAL and
+        warm tier, and go to the lake at the next open), which the user should read instead of a failure."""
+        log.warning("lakebuffer: the process exited during a snapshot to %s; the rows not in the lake yet stay "
+                    "in %s and go to the lake at the next open (close() the buffer before exit to finish it)",
+                    self.lake_url, self.s.path)
+        return runtime.LakeExitingError(f"snapshot to {self.lake_url} cut short: the interpreter is exiting")
 
     def _overdue(self, what: str) -> LakeError:
         return LakeError(

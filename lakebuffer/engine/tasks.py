@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import BackgroundDiskFullError, DiskFullError, WorkerError
+from ..errors import BackgroundDiskFullError, DiskFullError, LakeExitingError, WorkerError
 
 log = logging.getLogger("lakebuffer.tasks")
 
@@ -154,7 +154,10 @@ class TaskQueue:
             try:
                 result = task.fn()
             except BaseException as e:  # surfaced through check() and the future
-                log.log(logging.ERROR if task.surface else logging.WARNING, "background task %s failed: %s", task.name, e)
+                level = logging.ERROR if task.surface else logging.WARNING
+                if isinstance(e, LakeExitingError):  # the process is exiting: said once by the task itself
+                    level = logging.DEBUG
+                log.log(level, "background task %s failed: %s", task.name, e)
                 with self._cv:
                     if self._error is None and task.surface:
                         self._error, self._error_task = e, task.name

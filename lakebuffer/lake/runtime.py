@@ -67,9 +67,10 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from ..errors import LakeError
+from ..errors import LakeError, LakeExitingError
 
 log = logging.getLogger(__name__)
+__all__ = ["LakeExitingError"]  # re-exported: callers catch it as ``runtime.LakeExitingError``
 
 EXIT_WAIT_S = float(os.environ.get("LAKEBUFFER_EXIT_WAIT_S", "60"))
 """How long the exit hook waits for native calls in flight (a hung S3 request) before giving up."""
@@ -84,10 +85,6 @@ _hook_done = False  # the atexit hook has returned: finalization may run at any 
 _threads: list[tuple[threading.Thread, Callable[[], None] | None]] = []
 _parked: set[int] = set()  # idents of daemon threads parked for good at exit (outside native code: done for the hook)
 _mine = threading.local()  # this thread's native calls in flight (nested brackets count once each)
-
-
-class LakeExitingError(LakeError):
-    """A lake call was started while the interpreter is exiting; it is refused instead of racing finalization."""
 
 
 def install() -> None:
@@ -227,6 +224,13 @@ def register_thread(thread: threading.Thread, stop: Callable[[], None] | None = 
 def exiting() -> bool:
     """True once the exit hook has started: background loops should stop issuing lake calls."""
     return _closing
+
+
+def interpreter_exiting() -> bool:
+    """True once the process has begun to exit: the exit hook started, or Python's own shutdown did (it
+    closes every ``concurrent.futures`` executor before any atexit hook runs; CPython marks that moment
+    with ``threading._SHUTTING_DOWN``, read with a default so another Python only loses the early signal)."""
+    return _closing or bool(getattr(threading, "_SHUTTING_DOWN", False)) or not threading.main_thread().is_alive()
 
 
 def shutdown(timeout_s: float | None = None) -> bool:
