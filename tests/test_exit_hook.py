@@ -10,6 +10,11 @@ import textwrap
 import time
 from pathlib import Path
 
+import pyarrow.compute as pc
+import pytest
+
+from tests.rollouts import make_rollouts
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -141,3 +146,37 @@ def test_an_exit_during_a_snapshot_says_where_the_rows_are_and_loses_none(tmp_pa
         buf.snapshot(wait=True)
         assert buf.stats()["cold"]["rows"] == 2560
         assert buf.sql("SELECT count(DISTINCT key) AS n FROM rollouts").column("n")[0].as_py() == 2560
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_close_registered_with_atexit_takes_the_final_snapshot(tmp_path, request, where) -> None:
+    """``atexit.register(buf.close)``: by then Python's shutdown has closed every executor, so the final
+    snapshot's work (the snapshot thread, the lake writer's encoder and commit pools) runs on the main
+    thread instead; a fresh node then finds every pushed row in the lake."""
+    if where == "local":
+        lake, so = str(tmp_path / "lake"), None
+    else:
+        lake = f"{request.getfixturevalue('s3_bucket')}/lake"
+        so = request.getfixturevalue("s3_server").storage_options
+    child = f"""
+        import atexit
+        import lakebuffer as lb
+        from tests.rollouts import make_rollouts
+        buf = lb.ReplayBuffer.open({str(tmp_path / "buf")!r}, lake={lake!r}, storage_options={so!r}, run_id="r",
+                                   snapshot_interval_s=600, memory_limit_mb=64)
+        atexit.register(buf.close)
+        keys = [buf.push(make_rollouts(64, tokens=512, seed=i)) for i in range(10)]
+        print("pushed", len(buf), flush=True)
+    """
+    p = run(child)
+    assert p.returncode == 0 and "pushed 640" in p.stdout, p.stderr
+    assert "failed" not in p.stderr and "cut short" not in p.stderr, p.stderr
+    import lakebuffer as lb
+
+    with lb.ReplayBuffer.open(tmp_path / "fresh", lake=lake, storage_options=so, run_id="r", snapshot_interval_s=0,
+                              restore="cold") as fresh:
+        assert len(fresh) == 640
+        ref = [make_rollouts(64, tokens=512, seed=i) for i in range(10)]
+        got = fresh.sql("SELECT sum(reward) AS s, count(DISTINCT key) AS n FROM rollouts").to_pylist()[0]
+        assert got["n"] == 640
+        assert got["s"] == pytest.approx(sum(pc.sum(t.column("reward")).as_py() for t in ref))

@@ -62,7 +62,17 @@ def at_low_priority(fn: Any, timeout_s: float | None = None) -> Any:
         if _SNAPSHOT_THREAD is None:
             _SNAPSHOT_THREAD = ThreadPoolExecutor(1, thread_name_prefix="lakebuffer-snapshot", initializer=_renice)
         pool = _SNAPSHOT_THREAD
-    return pool.submit(fn).result(timeout_s)
+    return runtime.submit(pool, fn).result(timeout_s)
+
+
+def _refused_at_exit(e: BaseException | None) -> bool:
+    """Whether ``e`` (or what it wraps) is an executor refusing work because the interpreter exits."""
+    seen = 0
+    while e is not None and seen < 16:
+        if isinstance(e, RuntimeError) and "cannot schedule new futures after" in str(e):
+            return True
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return False
 
 
 def lake_settings(memory_limit_bytes: int, buffer_dir: Any) -> dict[str, Any]:
@@ -248,7 +258,7 @@ class Snapshots:
                     raise self._overdue("snapshot") from None
             except (LakeError, RuntimeError) as e:
                 self._last["error"] = f"{type(e).__name__}: {e}"
-                if runtime.interpreter_exiting():  # Python refuses new work to its executors from here on
+                if runtime.interpreter_exiting() and _refused_at_exit(e):  # Python's executors take no new work
                     raise self._cut_by_exit() from e
                 if isinstance(e, LakeError):
                     log.error("snapshot to %s failed (it is retried at the next one): %s", self.lake_url, e)

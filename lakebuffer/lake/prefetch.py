@@ -10,6 +10,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+from . import runtime
+
 T = TypeVar("T")
 
 
@@ -27,4 +29,4 @@ def prefetch(todo: list[T], load: Callable[[T], object], threads: int, name: str
             pass
 
     with ThreadPoolExecutor(min(threads, len(todo)), thread_name_prefix=name) as pool:
-        list(pool.map(one, todo))
+        runtime.pool_map(pool, one, todo)

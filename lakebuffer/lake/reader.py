@@ -11,6 +11,7 @@ decodes them (``page_checksum_verification``), the footer is not.
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -19,6 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import CorruptionError
+from . import runtime
 from .checksums import check_bytes, stream_problem
 from .fs import LakeFS
 from .options import LakeOptions
@@ -145,7 +147,7 @@ class FileReader:
             for fi, entry in enumerate(self.entries):
                 while nxt < len(self.entries) and (nxt <= fi or ahead < self.options.ahead_bytes):
                     if int(self.entries[nxt]["bytes"]) <= whole:
-                        futures[nxt] = pool.submit(fetch, self.store, self.entries[nxt], verify=self.verify)
+                        futures[nxt] = runtime.submit(pool, functools.partial(fetch, verify=self.verify), self.store, self.entries[nxt])
                         ahead += int(self.entries[nxt]["bytes"])
                     nxt += 1
                 if fi in futures:

@@ -38,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..pagecache import NOWAIT, in_page_cache, will_need
+from . import runtime
 from .fs import LakeFS
 from .pagedecode import Unreadable
 from .pagelayout import TAIL_BYTES, Layout, parse_layout
@@ -416,7 +417,7 @@ class RowPages:
                 raws[k] = fetch(part[k])
         else:
             with ThreadPoolExecutor(min(FETCH_THREADS, len(waiting)), thread_name_prefix="lakebuffer-pages") as pool:
-                for k, got in zip(waiting, pool.map(fetch, [part[k] for k in waiting])):
+                for k, got in zip(waiting, runtime.pool_map(pool, fetch, [part[k] for k in waiting])):
                     raws[k] = got
         jobs = []
         for i, raw in zip(part, raws):

@@ -62,14 +62,16 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Executor, Future
+from typing import Any, TypeVar
 
 import pyarrow.fs as pafs
 
 from ..errors import LakeError, LakeExitingError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 __all__ = ["LakeExitingError"]  # re-exported: callers catch it as ``runtime.LakeExitingError``
 
 EXIT_WAIT_S = float(os.environ.get("LAKEBUFFER_EXIT_WAIT_S", "60"))
@@ -231,6 +233,37 @@ def interpreter_exiting() -> bool:
     closes every ``concurrent.futures`` executor before any atexit hook runs; CPython marks that moment
     with ``threading._SHUTTING_DOWN``, read with a default so another Python only loses the early signal)."""
     return _closing or bool(getattr(threading, "_SHUTTING_DOWN", False)) or not threading.main_thread().is_alive()
+
+
+def submit(pool: Executor, fn: Callable[..., T], *args: Any) -> Future[T]:
+    """``pool.submit(fn, *args)``; on the main thread of an exiting process, where Python's executors
+    refuse new work, ``fn`` runs here instead and the Future holds its outcome.
+
+    So a ``close()`` in an atexit hook (``atexit.register(buf.close)``) still takes its final snapshot
+    to the lake (the interpreter is whole until the hooks return). Other threads get the refusal: their
+    work is cut short at exit (durable locally, redone at the next open), not done during finalization.
+    """
+    try:
+        return pool.submit(fn, *args)
+    except RuntimeError:
+        if not (interpreter_exiting() and threading.current_thread() is threading.main_thread()):
+            raise
+    fut: Future[T] = Future()
+    try:
+        fut.set_result(fn(*args))
+    except BaseException as e:  # noqa: BLE001 - handed over as the Future's outcome, as the pool would
+        fut.set_exception(e)
+    return fut
+
+
+def pool_map(pool: Executor, fn: Callable[..., T], items: Iterable[Any]) -> list[T]:
+    """``list(pool.map(fn, items))`` through ``submit`` (on the main thread of an exiting process, here)."""
+    futures = [submit(pool, fn, item) for item in items]
+    try:
+        return [f.result() for f in futures]
+    finally:
+        for f in futures:
+            f.cancel()
 
 
 def shutdown(timeout_s: float | None = None) -> bool:

@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import SchemaError
+from . import runtime
 from .fs import LakeFS
 from .layout import data_name, file_token, run_dir
 from .options import LakeOptions
@@ -267,7 +268,7 @@ class Lane:
 
     def submit(self, table: pa.Table, nbytes: int) -> None:
         try:
-            fut = self.pool.submit(self._write, table, nbytes)
+            fut = runtime.submit(self.pool, self._write, table, nbytes)
         except BaseException:  # not queued (e.g. interpreter shutdown): its bytes were never taken
             self.writer.release(nbytes)
             raise
@@ -300,7 +301,7 @@ class Lane:
         self.writer.committing(f)
 
     def finish(self) -> None:
-        self.futures.append(self.pool.submit(self._close))
+        self.futures.append(runtime.submit(self.pool, self._close))
         try:
             while self.futures:
                 self.futures.popleft().result()
@@ -451,7 +452,7 @@ class Writer:
     def committing(self, f: PartFile) -> None:
         """A closed file: finish its upload in the background, at most two at a time."""
         with self.closing_lock:
-            self.closing.append((f, self.closer.submit(f.commit)))
+            self.closing.append((f, runtime.submit(self.closer, f.commit)))
             while len(self.closing) > 2:
                 f0, fut = self.closing.popleft()
                 self.entries.append(fut.result())

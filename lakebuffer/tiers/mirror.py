@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..errors import CorruptionError, LakeError
+from ..lake import runtime
 from ..lake.fs import LakeFS
 from ..lake.layout import sha256_of
 from ..lake.verified import mark_verified
@@ -97,7 +98,7 @@ class LocalMirror:
             return
         with ThreadPoolExecutor(max(1, min(threads, len(todo))), thread_name_prefix="lakebuffer-mirror") as pool:
             # in order, a bounded number ahead: a failure stops the copies not started yet
-            futures = [pool.submit(self._copy_one, lake, e) for e in todo[:threads]]
+            futures = [runtime.submit(pool, self._copy_one, lake, e) for e in todo[:threads]]
             nxt = len(futures)
             for i in range(len(todo)):
                 try:
@@ -107,7 +108,7 @@ class LocalMirror:
                         f.cancel()
                     raise
                 if nxt < len(todo):
-                    futures.append(pool.submit(self._copy_one, lake, todo[nxt]))
+                    futures.append(runtime.submit(pool, self._copy_one, lake, todo[nxt]))
                     nxt += 1
                 yield todo[i]
 
