@@ -133,7 +133,9 @@ class Catalog:
         self.meta_schema = meta_schema
         self._pending: list[pa.Table] = []
         self._pending_lock = threading.Lock()  # guards ``_pending`` and ``meta_rows_hint``
-        self._lake_views = threading.Lock()  # one lake registration at a time (``register_lake``)
+        # one lake registration at a time (``register_lake``); a holder counts as a lake call in flight, so a
+        # thread inside one when the process exits finishes it rather than being parked with the lock held
+        self._lake_views = runtime.NativeLock("lake views", refuse=False)
         self._pending_counts: list[pa.Table] = []
         self._pending_count_rows = 0
         self._pending_replays: list[pa.Table] = []
