@@ -72,9 +72,11 @@ def bounded_iter(items: Iterator[T], deadline: float | None, overdue: Callable[[
                 item = handoff.get(timeout=left)
             except queue.Empty:
                 raise overdue() from None
-            if item is _END:
-                return
-            if isinstance(item, _Failed):
+            if item is _END or isinstance(item, _Failed):
+                # the helper has left ``items`` and is returning: joined, so no thread of this call outlives it
+                helper.join(max(0.0, deadline - time.monotonic()))
+                if item is _END:
+                    return
                 raise item.error
             yield item
     finally:
@@ -92,7 +94,10 @@ def bounded_call(fn: Callable[[], T], deadline: float | None, overdue: Callable[
     helper thread until it returns; use it for reads only, whose late result is simply dropped)."""
     stream = bounded_iter(_once(fn), deadline, overdue, name)
     try:
-        return next(stream)
+        result = next(stream)
+        for _ in stream:  # the end of the stream: its helper thread is joined before this returns
+            pass
+        return result
     finally:
         stream.close()
 
