@@ -180,3 +180,42 @@ def test_a_close_registered_with_atexit_takes_the_final_snapshot(tmp_path, reque
         got = fresh.sql("SELECT sum(reward) AS s, count(DISTINCT key) AS n FROM rollouts").to_pylist()[0]
         assert got["n"] == 640
         assert got["s"] == pytest.approx(sum(pc.sum(t.column("reward")).as_py() for t in ref))
+
+
+def test_submit_runs_on_the_pool_and_inlines_only_on_an_exiting_main_thread() -> None:
+    """``runtime.submit`` / ``pool_map``: work goes to the pool while the process runs; a pool shut down by
+    our own code is still an error (nothing is run in its place); only at exit, on the main thread, the
+    work runs inline (checked in a child from an atexit hook)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lakebuffer.lake import runtime
+
+    with ThreadPoolExecutor(2, thread_name_prefix="t-pool") as pool:
+        assert runtime.submit(pool, lambda: threading.current_thread().name).result().startswith("t-pool")
+        assert runtime.pool_map(pool, lambda x: x * x, range(20)) == [x * x for x in range(20)]
+    with pytest.raises(RuntimeError):
+        runtime.submit(pool, lambda: None)
+    p = run("""
+        import atexit, threading
+        from concurrent.futures import ThreadPoolExecutor
+        from lakebuffer.lake import runtime
+        pool = ThreadPoolExecutor(2)
+        def at_exit():
+            names = runtime.pool_map(pool, lambda x: (x, threading.current_thread().name), range(3))
+            print("ran", names, runtime.interpreter_exiting(), flush=True)
+            got = []
+            t = threading.Thread(target=lambda: got.append(_refused()))
+            t.start(); t.join()
+            print("other thread refused", got, flush=True)
+        def _refused():
+            try:
+                runtime.submit(pool, lambda: None)
+            except RuntimeError:
+                return True
+            return False
+        atexit.register(at_exit)
+    """)
+    assert p.returncode == 0, p.stderr
+    assert "ran [(0, 'MainThread'), (1, 'MainThread'), (2, 'MainThread')] True" in p.stdout, p.stdout
+    assert "other thread refused [True]" in p.stdout, p.stdout

@@ -258,8 +258,10 @@ def submit(pool: Executor, fn: Callable[..., T], *args: Any) -> Future[T]:
 
 def pool_map(pool: Executor, fn: Callable[..., T], items: Iterable[Any]) -> list[T]:
     """``list(pool.map(fn, items))`` through ``submit`` (on the main thread of an exiting process, here)."""
-    futures = [submit(pool, fn, item) for item in items]
+    futures: list[Future[T]] = []
     try:
+        for item in items:  # a refusal part-way (another thread, at exit) cancels what was queued
+            futures.append(submit(pool, fn, item))
         return [f.result() for f in futures]
     finally:
         for f in futures:
