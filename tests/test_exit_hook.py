@@ -185,7 +185,7 @@ def test_a_close_registered_with_atexit_takes_the_final_snapshot(tmp_path, reque
 def test_submit_runs_on_the_pool_and_inlines_only_on_an_exiting_main_thread() -> None:
     """``runtime.submit`` / ``pool_map``: work goes to the pool while the process runs; a pool shut down by
     our own code is still an error (nothing is run in its place); only at exit, on the main thread, the
-    work runs inline (checked in a child from an atexit hook)."""
+    work runs inline, and another thread's refusal is a ``LakeExitingError`` (a child's atexit hook)."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
@@ -211,7 +211,7 @@ def test_submit_runs_on_the_pool_and_inlines_only_on_an_exiting_main_thread() ->
         def _refused():
             try:
                 runtime.submit(pool, lambda: None)
-            except RuntimeError:
+            except runtime.LakeExitingError:
                 return True
             return False
         atexit.register(at_exit)

@@ -65,16 +65,6 @@ def at_low_priority(fn: Any, timeout_s: float | None = None) -> Any:
     return runtime.submit(pool, fn).result(timeout_s)
 
 
-def _refused_at_exit(e: BaseException | None) -> bool:
-    """Whether ``e`` (or what it wraps) is an executor refusing work because the interpreter exits."""
-    seen = 0
-    while e is not None and seen < 16:
-        if isinstance(e, RuntimeError) and "cannot schedule new futures after" in str(e):
-            return True
-        e, seen = e.__cause__ or e.__context__, seen + 1
-    return False
-
-
 def lake_settings(memory_limit_bytes: int, buffer_dir: Any) -> dict[str, Any]:
     """The buffer's ``Lake`` options: a snapshot, restore or compaction holds at most half the buffer's
     budget (32 MiB to 256 MiB) of rows and file bytes, so it stays within the memory bound (``budget x
@@ -256,24 +246,24 @@ class Snapshots:
                     # the upload stops at its next batch; if its commit still lands, reconcile() sees it
                     cancel.set()
                     raise self._overdue("snapshot") from None
-            except (LakeError, RuntimeError) as e:
-                self._last["error"] = f"{type(e).__name__}: {e}"
-                if runtime.interpreter_exiting() and _refused_at_exit(e):  # Python's executors take no new work
-                    raise self._cut_by_exit() from e
-                if isinstance(e, LakeError):
-                    log.error("snapshot to %s failed (it is retried at the next one): %s", self.lake_url, e)
+            except runtime.LakeExitingError as e:  # the exit refused its next piece of work (``runtime.submit``)
+                self._last["error"] = str(e)
+                self._cut_by_exit()
+                raise
+            except LakeError as e:
+                self._last["error"] = str(e)
+                log.error("snapshot to %s failed (it is retried at the next one): %s", self.lake_url, e)
                 raise
             except BaseException as e:
                 self._last["error"] = f"{type(e).__name__}: {e}"
                 raise
 
-    def _cut_by_exit(self) -> runtime.LakeExitingError:
+    def _cut_by_exit(self) -> None:
         """A snapshot the process's exit cut short: nothing is lost (the rows are in the local WAL and
         warm tier, and go to the lake at the next open), which the user should read instead of a failure."""
         log.warning("lakebuffer: the process exited during a snapshot to %s; the rows not in the lake yet stay "
                     "in %s and go to the lake at the next open (close() the buffer before exit to finish it)",
                     self.lake_url, self.s.path)
-        return runtime.LakeExitingError(f"snapshot to {self.lake_url} cut short: the interpreter is exiting")
 
     def _overdue(self, what: str) -> LakeError:
         return LakeError(

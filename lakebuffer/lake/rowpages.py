@@ -78,6 +78,7 @@ def merged_ranges(spans: Iterable[tuple[int, int]], gap: int) -> list[list[int]]
             merged.append([off, off + size])
     return merged
 
+
 class WouldBlock(Exception):
     """A read ``RWF_NOWAIT`` refused: the bytes are not in the page cache."""
 

@@ -72,7 +72,6 @@ from ..errors import LakeError, LakeExitingError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-__all__ = ["LakeExitingError"]  # re-exported: callers catch it as ``runtime.LakeExitingError``
 
 EXIT_WAIT_S = float(os.environ.get("LAKEBUFFER_EXIT_WAIT_S", "60"))
 """How long the exit hook waits for native calls in flight (a hung S3 request) before giving up."""
@@ -240,14 +239,17 @@ def submit(pool: Executor, fn: Callable[..., T], *args: Any) -> Future[T]:
     refuse new work, ``fn`` runs here instead and the Future holds its outcome.
 
     So a ``close()`` in an atexit hook (``atexit.register(buf.close)``) still takes its final snapshot
-    to the lake (the interpreter is whole until the hooks return). Other threads get the refusal: their
-    work is cut short at exit (durable locally, redone at the next open), not done during finalization.
+    to the lake (the interpreter is whole until the hooks return). Other threads get the refusal as a
+    ``LakeExitingError``: their work is cut short at exit (durable locally, redone at the next open), not
+    done during finalization. A pool our own code shut down is still its ``RuntimeError``.
     """
     try:
         return pool.submit(fn, *args)
-    except RuntimeError:
-        if not (interpreter_exiting() and threading.current_thread() is threading.main_thread()):
+    except RuntimeError as e:
+        if not interpreter_exiting():
             raise
+        if threading.current_thread() is not threading.main_thread():
+            raise LakeExitingError(f"{getattr(fn, '__qualname__', 'work')} refused: the interpreter is exiting") from e
     fut: Future[T] = Future()
     try:
         fut.set_result(fn(*args))
