@@ -50,6 +50,7 @@ test-integration: $(VENV)/.installed-integration
 $(VENV)/.installed-bench: $(VENV)/.installed-dev pyproject.toml
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -c constraints.txt -e '.[bench]'
+	$(PIP) install -q --no-deps torchrl==0.14.1  # its tensordict < 0.15 bound would break TransferQueue (pyproject.toml)
 	touch $@
 
 bench: $(VENV)/.installed-bench

@@ -6,6 +6,7 @@ ran every system (or said why not), on the same data, and that the report artefa
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -78,8 +79,8 @@ def test_quick_run_reports_every_system(tmp_path: Path) -> None:
         for system in systems:
             fig = body[system]
             assert isinstance(fig, dict) and fig, (scenario, system)
-            if "unavailable" in fig:
-                assert system == "torchrl", (scenario, system, fig)
+            if "unavailable" in fig:  # only torchrl may be missing, and only where it is not installed
+                assert system == "torchrl" and importlib.util.find_spec("torchrl") is None, (scenario, system, fig)
         lb_fig = body["lakebuffer"]
         assert "error" not in lb_fig, (scenario, lb_fig)
         if scenario in LAKEBUFFER_FIGURE:
