@@ -9,6 +9,7 @@ import time
 
 import lakebuffer as lb
 from lakebuffer import catalog as catalog_module
+from lakebuffer.resources import sql_text
 from tests.rollouts import make_rollouts
 
 
@@ -57,5 +58,5 @@ def test_the_interval_passing_brings_a_fresh_reading(tmp_path, monkeypatch):
         time.sleep(0.3)
         buf.delete(keys=keys)
         assert len(readings) == 1  # the next write after the interval reads it
-        direct = buf._catalog.con.execute("SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchall()[0][0]
+        direct = buf._catalog.con.execute(sql_text("catalog_memory")).fetchall()[0][0]  # the catalog's own query
         assert buf.stats()["catalog"]["bytes"] == direct
